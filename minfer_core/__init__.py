@@ -1,0 +1,93 @@
+"""minfer: an ONNX inference engine in Python + numpy whose core knows no operator.
+
+This module is the public API: plugins import only what ``__all__`` lists.
+Heavy pieces (onnx, the engine) load lazily on first use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    AmbiguousKernelError,
+    BadFeedError,
+    InvalidGraphError,
+    KernelError,
+    MinferError,
+    ModelLoadError,
+    PassError,
+    PluginLoadError,
+    RegistrationError,
+    ShapeInferenceError,
+    UnsupportedOpError,
+)
+from .hookspecs import hookimpl, hookspec
+from .kernel import Kernel, KernelContext, OpDef, kernel, onnx_op, op, same_as_input
+from .tensor import Dim, Tensor, TensorType
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "Graph": "graph",
+    "Node": "graph",
+    "InferenceSession": "engine",
+    "Engine": "engine",
+    "load_model": "onnx_io",
+    "save_model": "onnx_io",
+    "to_model_proto": "onnx_io",
+    "use_plugins": "plugins",
+    "get_registry": "plugins",
+    "Pass": "passes",
+    "PassResult": "passes",
+    "onnx_dtype": "onnx_io",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minfer_core' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"minfer_core.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = [
+    "AmbiguousKernelError",
+    "BadFeedError",
+    "Dim",
+    "Engine",
+    "Graph",
+    "InferenceSession",
+    "InvalidGraphError",
+    "Kernel",
+    "KernelContext",
+    "KernelError",
+    "MinferError",
+    "ModelLoadError",
+    "Node",
+    "OpDef",
+    "Pass",
+    "PassError",
+    "PassResult",
+    "PluginLoadError",
+    "RegistrationError",
+    "ShapeInferenceError",
+    "Tensor",
+    "TensorType",
+    "UnsupportedOpError",
+    "get_registry",
+    "hookimpl",
+    "hookspec",
+    "kernel",
+    "load_model",
+    "onnx_dtype",
+    "onnx_op",
+    "op",
+    "same_as_input",
+    "save_model",
+    "to_model_proto",
+    "use_plugins",
+]

@@ -1,0 +1,141 @@
+"""Kernel and operator records, and the decorators plugins use to declare them.
+
+A kernel is a plain function. Inputs are positional (a missing optional input
+is passed as None; trailing missing ones are not passed), attributes are
+keyword-only with their ONNX names and defaults::
+
+    @kernel("HardSigmoid", since=6)
+    def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
+        '''HardSigmoid-6: max(0, min(1, alpha*x + beta)).'''
+        return np.clip(alpha * x + beta, 0, 1, dtype=x.dtype)
+
+It returns one array, or a tuple of arrays for an op with several outputs.
+
+A kernel that prepares itself once per node (reads attributes, pre-packs
+weights) is declared with ``@kernel(..., prepare=True)``: it receives a
+`KernelContext` first, then the attributes as keywords, and returns the plain
+callable the run loop will call with the inputs.
+
+The decorators only annotate: they return frozen records and register
+nothing; a plugin hands the records to ``register`` in its hook.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+
+from .tensor import TensorType
+
+DEFAULT_PROVIDER = "numpy"
+
+
+@attrs.frozen
+class Kernel:
+    """An implementation of one op, from opset ``since`` until the next kernel's ``since``."""
+
+    op_type: str
+    fn: Callable[..., Any]
+    domain: str = ""
+    since: int = 1
+    provider: str = DEFAULT_PROVIDER
+    priority: int = 0
+    prepare: bool = False
+    plugin: str | None = attrs.field(default=None, eq=False)
+
+    @property
+    def key(self) -> tuple[str, str, int, str]:
+        return (self.domain, self.op_type, self.since, self.provider)
+
+    @property
+    def attribute_defaults(self) -> dict[str, Any]:
+        """The keyword-only parameters of the kernel function, with their defaults."""
+        params = inspect.signature(self.fn).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def kernel(
+    op_type: str,
+    *,
+    since: int = 1,
+    domain: str = "",
+    provider: str = DEFAULT_PROVIDER,
+    priority: int = 0,
+    prepare: bool = False,
+) -> Callable[[Callable[..., Any]], Kernel]:
+    """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on."""
+
+    def wrap(fn: Callable[..., Any]) -> Kernel:
+        return Kernel(op_type, fn, domain, since, provider, priority, prepare)
+
+    return wrap
+
+
+@attrs.frozen(eq=False)
+class KernelContext:
+    """What a preparing kernel may know about its node at build time.
+
+    ``constants[i]`` is the value of input ``i`` when it is an initializer or
+    otherwise known at build time (pre-pack it), else None. ``input_types`` and
+    ``output_types`` are the inferred types (None where unknown).
+    """
+
+    node_name: str
+    op_type: str
+    opset: int
+    input_types: tuple[TensorType | None, ...]
+    output_types: tuple[TensorType | None, ...]
+    constants: tuple[np.ndarray | None, ...]
+    num_outputs: int
+
+
+InferFn = Callable[..., Sequence[TensorType | None]]
+
+
+@attrs.frozen
+class OpDef:
+    """An operator a plugin makes known: its identity, arity and shape/dtype inference.
+
+    Standard ONNX operators are claimed with `onnx_op`, which reuses onnx's own
+    schema (attributes, defaults, shape inference, function body). Custom ops in
+    a plugin's own domain are declared with `op` and bring their own ``infer``:
+    a function of the input TensorTypes (keyword attributes follow) that returns
+    the output TensorTypes.
+    """
+
+    op_type: str
+    domain: str = ""
+    since: int = 1
+    infer: InferFn | None = None
+    standard: bool = False
+    doc: str = ""
+    plugin: str | None = attrs.field(default=None, eq=False)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.domain, self.op_type)
+
+
+def same_as_input(index: int = 0) -> InferFn:
+    """An ``infer`` for ops whose single output has the type of input ``index``."""
+
+    def infer(*types: TensorType | None, **_attrs: Any) -> list[TensorType | None]:
+        return [types[index]]
+
+    return infer
+
+
+def op(op_type: str, *, domain: str, since: int = 1, infer: InferFn | None = None, doc: str = "") -> OpDef:
+    """Declare a custom operator; ``infer`` defaults to "same type as the first input"."""
+    return OpDef(op_type, domain, since, infer or same_as_input(0), standard=False, doc=doc)
+
+
+def onnx_op(*op_types: str, domain: str = "") -> list[OpDef]:
+    """Claim standard ONNX operators; their schemas come from ``onnx.defs``."""
+    return [OpDef(t, domain, 1, None, standard=True) for t in op_types]

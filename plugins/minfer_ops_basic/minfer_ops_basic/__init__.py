@@ -1,0 +1,1 @@
+"""minfer-ops-basic: elementwise, math, tensor-manipulation and reduction operators."""

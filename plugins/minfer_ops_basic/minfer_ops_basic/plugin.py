@@ -1,0 +1,20 @@
+"""Entry point of minfer-ops-basic: registers its ops and kernels through the public hooks."""
+
+from __future__ import annotations
+
+from minfer_core import hookimpl, onnx_op
+
+from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, reduce, shape, signal
+
+MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, shape, indexing, generate, pad, signal, detection)
+KERNELS = [k for module in MODULES for k in module.KERNELS]
+
+
+@hookimpl
+def register_ops(register):
+    register(onnx_op(*sorted({k.op_type for k in KERNELS})))
+
+
+@hookimpl
+def register_kernels(register):
+    register(KERNELS)

@@ -1,0 +1,1 @@
+"""minfer-ops-conv: convolution, pooling, normalization and spatial operators."""

@@ -1,0 +1,9 @@
+"""Kernels: conv ops."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer_core import kernel
+
+KERNELS: list = []

@@ -1,0 +1,20 @@
+"""Entry point of minfer-ops-conv: registers its ops and kernels through the public hooks."""
+
+from __future__ import annotations
+
+from minfer_core import hookimpl, onnx_op
+
+from . import conv, norm, pool, resize, spatial
+
+MODULES = (conv, pool, norm, resize, spatial)
+KERNELS = [k for module in MODULES for k in module.KERNELS]
+
+
+@hookimpl
+def register_ops(register):
+    register(onnx_op(*sorted({k.op_type for k in KERNELS})))
+
+
+@hookimpl
+def register_kernels(register):
+    register(KERNELS)

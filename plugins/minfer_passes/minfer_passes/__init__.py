@@ -1,0 +1,1 @@
+"""minfer-passes: graph optimization passes."""
