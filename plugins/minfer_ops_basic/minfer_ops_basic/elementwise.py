@@ -1,9 +1,265 @@
-"""Kernels: elementwise ops."""
+"""Kernels: elementwise arithmetic and unary math.
+
+Also the helpers the other math modules share: `unary_kernels` (one factory for
+every table-driven unary op), `binary_kernels` (the opset<7 ``broadcast``/``axis``
+forms plus numpy broadcasting from 7 on), `as_float` and `erf`.
+"""
 
 from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable
 
 import numpy as np
 
 from minfer_core import kernel
 
+Fn = Callable[..., Any]
+
+
+def arr(value: Any, dtype: Any = None) -> np.ndarray:
+    """numpy returns scalars for 0-d results; the engine wants real arrays."""
+    out = np.asarray(value)
+    return out if dtype is None or out.dtype == dtype else out.astype(dtype)
+
+
+def as_float(x: np.ndarray) -> np.ndarray:
+    """x in a dtype numpy computes well: ml_dtypes types (bfloat16, float8, int4) widen."""
+    if x.dtype.kind != "V":
+        return x
+    return x.astype(np.int32 if "int" in x.dtype.name else np.float32)
+
+
+def scalar(value: float, like: np.ndarray) -> np.ndarray:
+    """An attribute as a 0-d array of x's dtype, so float32 math stays float32."""
+    return np.asarray(value, dtype=like.dtype)
+
+
+def float_op(fn: Fn) -> Fn:
+    """Wrap fn(x) so exotic float dtypes compute in float32 and come back in their own dtype."""
+
+    def run(x: np.ndarray, *args: Any) -> np.ndarray:
+        with np.errstate(all="ignore"):  # inf/nan results are legitimate ONNX outputs
+            return arr(fn(as_float(x), *args), x.dtype)
+
+    return run
+
+
+def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: str = "") -> list:
+    """Kernels for a unary op; ``legacy`` adds the opset-1 form with ``consumed_inputs``."""
+    run = float_op(fn)
+    label = name or op_type
+
+    def modern(x):
+        return run(x)
+
+    modern.__doc__ = f"{op_type}-{6 if legacy else since}: elementwise {label}."
+    kernels = [kernel(op_type, since=6 if legacy else since)(modern)]
+    if legacy:
+
+        def old(x, *, consumed_inputs=None):
+            return run(x)
+
+        old.__doc__ = f"{op_type}-1: elementwise {label} (consumed_inputs is a no-op)."
+        kernels.append(kernel(op_type, since=1)(old))
+    return kernels
+
+
+# --- erf ---------------------------------------------------------------------
+
+
+@functools.cache
+def _erf_fits() -> tuple[Any, Any]:
+    """Chebyshev interpolants fitted once from math.erf/erfc; relative error ~1e-14."""
+    from numpy.polynomial import Chebyshev
+
+    erf_ = np.vectorize(math.erf, otypes=[float])
+    erfc_ = np.vectorize(math.erfc, otypes=[float])
+    # erf(x)/x as a function of x*x: keeps full relative accuracy near 0.
+    small = Chebyshev.interpolate(lambda u: erf_(np.sqrt(u)) / np.sqrt(u), 10, domain=[0, 1])
+    # exp(x*x)*erfc(x) is smooth and slowly varying on [1, 6]; beyond 6 erf is 1 in float64.
+    large = Chebyshev.interpolate(lambda x: np.exp(x * x) * erfc_(x), 30, domain=[1, 6])
+    return small, large
+
+
+def erf(x: np.ndarray) -> np.ndarray:
+    """Vectorized erf of a float array, computed in float64, returned as float64."""
+    small, large = _erf_fits()
+    x64 = np.asarray(x, dtype=np.float64)
+    a = np.abs(x64)
+    out = np.ones_like(a)
+    lo = a < 1
+    out[lo] = a[lo] * small(a[lo] * a[lo])
+    mid = (a >= 1) & (a < 6)
+    am = a[mid]
+    out[mid] = 1.0 - np.exp(-am * am) * large(am)
+    out = np.copysign(out, x64)
+    return np.where(np.isnan(x64), x64, out)
+
+
+def _erf_same_dtype(x: np.ndarray) -> np.ndarray:
+    return erf(x).astype(x.dtype)
+
+
+# --- unary math --------------------------------------------------------------
+
+_LEGACY_UNARY = {  # ops whose opset-1 form carries consumed_inputs
+    "Abs": np.abs,
+    "Neg": np.negative,
+    "Floor": np.floor,
+    "Ceil": np.ceil,
+    "Sqrt": np.sqrt,
+    "Exp": np.exp,
+    "Log": np.log,
+    "Reciprocal": np.reciprocal,
+}
+
+_UNARY = {  # op_type: (since, fn)
+    "Acos": (7, np.arccos),
+    "Asin": (7, np.arcsin),
+    "Atan": (7, np.arctan),
+    "Cos": (7, np.cos),
+    "Sin": (7, np.sin),
+    "Tan": (7, np.tan),
+    "Acosh": (9, np.arccosh),
+    "Asinh": (9, np.arcsinh),
+    "Atanh": (9, np.arctanh),
+    "Cosh": (9, np.cosh),
+    "Sinh": (9, np.sinh),
+    "Sign": (9, np.sign),
+    "Erf": (9, _erf_same_dtype),
+    "Round": (11, np.round),  # numpy rounds half to even, as ONNX requires
+}
+
 KERNELS: list = []
+for _op, _fn in _LEGACY_UNARY.items():
+    KERNELS += unary_kernels(_op, _fn, 1, legacy=True, name=_fn.__name__)
+for _op, (_since, _fn) in _UNARY.items():
+    KERNELS += unary_kernels(_op, _fn, _since, name=getattr(_fn, "__name__", _op))
+
+
+# --- binary arithmetic -------------------------------------------------------
+
+
+def legacy_broadcast(a: np.ndarray, b: np.ndarray, broadcast: int, axis: int | None) -> np.ndarray:
+    """Opset<7 broadcasting: B's dims line up with A's starting at ``axis`` (default: the tail)."""
+    if not broadcast or axis is None or b.ndim == 0:
+        return b
+    axis = axis % a.ndim if a.ndim else 0
+    trailing = a.ndim - axis - b.ndim
+    return b.reshape(b.shape + (1,) * trailing) if trailing > 0 else b
+
+
+def binary_kernels(op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7) -> list:
+    """Kernels of a broadcasting binary op: numpy rules from ``since``, axis rules before."""
+
+    def modern(a, b):
+        with np.errstate(all="ignore"):
+            return arr(fn(a, b))
+
+    modern.__doc__ = f"{op_type}-{since}: elementwise with numpy broadcasting."
+    kernels = [kernel(op_type, since=since)(modern)]
+    if not legacy:
+        return kernels
+
+    def v6(a, b, *, axis=None, broadcast=0):
+        return modern(a, legacy_broadcast(a, b, broadcast, axis))
+
+    v6.__doc__ = f"{op_type}-{6 if consumed else 1}: elementwise; B broadcast to A from ``axis`` when asked."
+    kernels.append(kernel(op_type, since=6 if consumed else 1)(v6))
+    if consumed:
+
+        def v1(a, b, *, axis=None, broadcast=0, consumed_inputs=None):
+            return v6(a, b, axis=axis, broadcast=broadcast)
+
+        v1.__doc__ = f"{op_type}-1: as {op_type}-6 (consumed_inputs is a no-op)."
+        kernels.append(kernel(op_type, since=1)(v1))
+    return kernels
+
+
+def divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Div: true division for floats, C-style truncation toward zero for integers."""
+    if a.dtype.kind not in "iu":
+        return arr(np.divide(as_float(a), as_float(b)), a.dtype)
+    q = np.floor_divide(a, b)
+    if a.dtype.kind == "i":
+        # floor and trunc differ when the division is inexact and the signs differ
+        q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
+    return arr(q, a.dtype)
+
+
+def _same(fn: Fn) -> Fn:
+    def run(a, b):
+        return arr(fn(as_float(a), as_float(b)), a.dtype)
+
+    return run
+
+
+KERNELS += binary_kernels("Add", _same(np.add))
+KERNELS += binary_kernels("Sub", _same(np.subtract))
+KERNELS += binary_kernels("Mul", _same(np.multiply))
+KERNELS += binary_kernels("Div", divide)
+
+
+def power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Pow: result has X's dtype; mixed or negative-integer exponents go through float64."""
+    if x.dtype == y.dtype and x.dtype.kind == "f":
+        return arr(np.power(x, y))
+    if x.dtype.kind in "iu" and y.dtype.kind in "iu" and not np.any(y < 0):
+        return arr(np.power(x, y.astype(x.dtype)))
+    return arr(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
+
+
+KERNELS += binary_kernels("Pow", power, consumed=False)
+
+
+@kernel("Mod", since=10)
+def mod(a, b, *, fmod=0):
+    """Mod-10: fmod=0 floors (sign of B), fmod=1 truncates (sign of A)."""
+    with np.errstate(all="ignore"):
+        if fmod:
+            return arr(np.fmod(as_float(a), as_float(b)), a.dtype)
+        return arr(np.mod(as_float(a), as_float(b)), a.dtype)
+
+
+KERNELS.append(mod)
+
+
+# --- variadic ----------------------------------------------------------------
+
+
+def variadic_kernels(op_type: str, fold: Callable[[list], np.ndarray]) -> list:
+    """Sum/Mean/Max/Min: opset 1 has consumed_inputs, from 8 inputs broadcast."""
+
+    def modern(*xs):
+        with np.errstate(all="ignore"):
+            return arr(fold(list(xs)), xs[0].dtype)
+
+    modern.__doc__ = f"{op_type}-6: elementwise over any number of broadcast inputs."
+
+    def v1(*xs, consumed_inputs=None):
+        return modern(*xs)
+
+    v1.__doc__ = f"{op_type}-1: as {op_type}-6 (consumed_inputs is a no-op)."
+    return [kernel(op_type, since=6)(modern), kernel(op_type, since=1)(v1)]
+
+
+def _fold(ufunc: Any) -> Callable[[list], np.ndarray]:
+    def run(xs: list) -> np.ndarray:
+        if len(xs) == 1:
+            return xs[0]
+        return functools.reduce(ufunc, (as_float(x) for x in xs))
+
+    return run
+
+
+def _mean(xs: list) -> np.ndarray:
+    total = _fold(np.add)(xs)
+    return np.divide(total, np.asarray(len(xs), dtype=total.dtype))
+
+
+KERNELS += variadic_kernels("Sum", _fold(np.add))
+KERNELS += variadic_kernels("Mean", _mean)
+KERNELS += variadic_kernels("Max", _fold(np.maximum))
+KERNELS += variadic_kernels("Min", _fold(np.minimum))
