@@ -1,4 +1,9 @@
-"""Kernels: shape ops."""
+"""Kernels: shape ops (views and re-layouts that move no arithmetic).
+
+Reshape, Flatten, Squeeze, Unsqueeze, Identity and inference-mode Dropout
+return views of their input (zero-copy); callers must treat outputs as
+read-only aliases, which the contract already demands of every input.
+"""
 
 from __future__ import annotations
 
@@ -6,4 +11,320 @@ import numpy as np
 
 from minfer_core import kernel
 
-KERNELS: list = []
+_INT64 = np.int64
+
+
+def _ints(v) -> list[int]:
+    """A shape-like input (1-D int64 tensor, scalar, or list) as Python ints."""
+    return [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _axis(axis: int, rank: int) -> int:
+    """Normalize a possibly negative axis; ONNX rejects out-of-range ones."""
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+def _reshape(x: np.ndarray, shape: list[int], allowzero: int = 0) -> np.ndarray:
+    """ONNX reshape rules: 0 copies the input dim (unless allowzero), -1 is inferred."""
+    if not allowzero:
+        shape = [x.shape[i] if d == 0 else d for i, d in enumerate(shape)]
+    # np.reshape returns a view whenever the layout allows (always for contiguous input).
+    return x.reshape(shape)
+
+
+# --- Reshape -----------------------------------------------------------------
+
+
+@kernel("Reshape", since=1)
+def reshape_1(data, *, shape=None, consumed_inputs=None):
+    """Reshape-1: target shape as an attribute."""
+    return _reshape(data, list(shape or []))
+
+
+@kernel("Reshape", since=5)
+def reshape_5(data, shape):
+    """Reshape-5: target shape as an int64 input."""
+    return _reshape(data, _ints(shape))
+
+
+@kernel("Reshape", since=14)
+def reshape_14(data, shape, *, allowzero=0):
+    """Reshape-14: allowzero=1 makes a 0 in shape a real zero-size dim."""
+    return _reshape(data, _ints(shape), allowzero)
+
+
+@kernel("Flatten", since=1)
+def flatten(input, *, axis=1):
+    """Flatten-1..25: to 2-D, splitting dims at axis (negative counts from the back)."""
+    rank = input.ndim
+    axis = axis + rank if axis < 0 else axis
+    if not 0 <= axis <= rank:
+        raise ValueError(f"Flatten axis {axis} out of range for rank {rank}")
+    # Explicit products: a -1 could not be inferred when a dim is zero.
+    outer = int(np.prod(input.shape[:axis], dtype=_INT64))
+    inner = int(np.prod(input.shape[axis:], dtype=_INT64))
+    return input.reshape(outer, inner)
+
+
+# --- Squeeze / Unsqueeze -------------------------------------------------------
+
+
+def _squeeze(data: np.ndarray, axes) -> np.ndarray:
+    # An empty axes tensor means "not given", as in onnx's reference and onnxruntime.
+    if axes is None or not len(_ints(axes)):
+        return data.reshape([d for d in data.shape if d != 1])
+    drop = {_axis(a, data.ndim) for a in _ints(axes)}
+    if any(data.shape[a] != 1 for a in drop):
+        raise ValueError(f"Squeeze axes {sorted(drop)} must all have size 1, shape is {data.shape}")
+    return data.reshape([d for i, d in enumerate(data.shape) if i not in drop])
+
+
+def _unsqueeze(data: np.ndarray, axes) -> np.ndarray:
+    rank = data.ndim + len(_ints(axes))
+    insert = {_axis(a, rank) for a in _ints(axes)}
+    if len(insert) != len(_ints(axes)):
+        raise ValueError(f"Unsqueeze axes {_ints(axes)} repeat an axis")
+    dims = iter(data.shape)
+    return data.reshape([1 if i in insert else next(dims) for i in range(rank)])
+
+
+@kernel("Squeeze", since=1)
+def squeeze_1(data, *, axes=None):
+    """Squeeze-1/11: axes as an attribute; no axes drops every size-1 dim."""
+    return _squeeze(data, axes)
+
+
+@kernel("Squeeze", since=13)
+def squeeze_13(data, axes=None):
+    """Squeeze-13: axes as an optional int64 input."""
+    return _squeeze(data, axes)
+
+
+@kernel("Unsqueeze", since=1)
+def unsqueeze_1(data, *, axes):
+    """Unsqueeze-1/11: axes (of the output) as an attribute."""
+    return _unsqueeze(data, axes)
+
+
+@kernel("Unsqueeze", since=13)
+def unsqueeze_13(data, axes):
+    """Unsqueeze-13: axes (of the output) as an int64 input."""
+    return _unsqueeze(data, axes)
+
+
+# --- Identity / Dropout ----------------------------------------------------------
+
+
+@kernel("Identity", since=1)
+def identity(input):
+    """Identity-1..25: a view of a tensor; sequences and optionals pass through."""
+    return input.view() if isinstance(input, np.ndarray) else input
+
+
+def _ones_mask(data: np.ndarray, dtype) -> np.ndarray:
+    return np.ones(data.shape, dtype=dtype)
+
+
+@kernel("Dropout", since=1)
+def dropout_1(data, *, is_test=0, ratio=0.5, consumed_inputs=None):
+    """Dropout-1: inference only; the mask (data's dtype) keeps everything."""
+    return data.view(), _ones_mask(data, data.dtype)
+
+
+@kernel("Dropout", since=6)
+def dropout_6(data, *, is_test=0, ratio=0.5):
+    """Dropout-6: inference only; the mask (data's dtype) keeps everything."""
+    return data.view(), _ones_mask(data, data.dtype)
+
+
+@kernel("Dropout", since=7)
+def dropout_7(data, *, ratio=0.5):
+    """Dropout-7: always inference; mask in data's dtype."""
+    return data.view(), _ones_mask(data, data.dtype)
+
+
+@kernel("Dropout", since=10)
+def dropout_10(data, *, ratio=0.5):
+    """Dropout-10: always inference; mask is bool."""
+    return data.view(), _ones_mask(data, np.bool_)
+
+
+@kernel("Dropout", since=12)
+def dropout_12(data, ratio=None, training_mode=None, *, seed=None):
+    """Dropout-12/13/22: identity unless training_mode is true, then scaled random drop."""
+    if training_mode is None or not bool(np.asarray(training_mode)):
+        return data.view(), _ones_mask(data, np.bool_)
+    p = 0.5 if ratio is None else float(np.asarray(ratio))
+    if p == 0:
+        return data.view(), _ones_mask(data, np.bool_)
+    # A given seed makes the mask reproducible; RandomState matches what onnx's own cases expect.
+    rng = np.random.default_rng() if seed is None else np.random.RandomState(seed)
+    mask = rng.uniform(0.0, 1.0, data.shape) >= p
+    scale = np.asarray(1.0 / (1.0 - p), dtype=data.dtype)
+    return (data * mask * scale).astype(data.dtype, copy=False), mask
+
+
+# --- Transpose / Concat / Split ----------------------------------------------------
+
+
+@kernel("Transpose", since=1)
+def transpose(data, *, perm=None):
+    """Transpose-1..25: permute axes, reversing them when perm is absent."""
+    # A strided view: consumers that need contiguity copy once, most do not.
+    return np.transpose(data, perm)
+
+
+@kernel("Concat", since=1)
+def concat_1(*inputs, axis=None):
+    """Concat-1: axis defaulted to 1 in this version."""
+    return np.concatenate(inputs, axis=1 if axis is None else axis)
+
+
+@kernel("Concat", since=4)
+def concat_4(*inputs, axis):
+    """Concat-4/11/13: join along axis (negative allowed from 11)."""
+    return np.concatenate(inputs, axis=axis)
+
+
+def _split_sizes(dim: int, split, n: int | None) -> list[int]:
+    """Chunk sizes: explicit, or n equal chunks (the last smaller when uneven, as in Split-18)."""
+    if split is not None and len(_ints(split)):
+        sizes = _ints(split)
+        if sum(sizes) != dim:
+            raise ValueError(f"Split sizes {sizes} do not add up to the axis length {dim}")
+        return sizes
+    if not n:
+        raise ValueError("Split needs split sizes or a number of outputs")
+    chunk = -(-dim // n)
+    return [min(chunk, max(dim - i * chunk, 0)) for i in range(n)]
+
+
+def _split(x: np.ndarray, axis: int, sizes: list[int]) -> tuple[np.ndarray, ...]:
+    axis = _axis(axis, x.ndim)
+    bounds = np.cumsum(sizes)[:-1]
+    # np.split yields views; outputs do not alias one another.
+    return tuple(np.split(x, bounds, axis=axis))
+
+
+@kernel("Split", since=1, prepare=True)
+def split_1(ctx, *, axis=None, split=None):
+    """Split-1: sizes from the split attribute or the optional second input."""
+
+    def run(input, split_input=None):
+        sizes = split if split is not None else split_input
+        return _split(input, axis or 0, _split_sizes(input.shape[_axis(axis or 0, input.ndim)], sizes, ctx.num_outputs))
+
+    return run
+
+
+@kernel("Split", since=2, prepare=True)
+def split_2(ctx, *, axis=0, split=None):
+    """Split-2/11: sizes from the split attribute, else equal parts per output."""
+
+    def run(input):
+        dim = input.shape[_axis(axis, input.ndim)]
+        return _split(input, axis, _split_sizes(dim, split, ctx.num_outputs))
+
+    return run
+
+
+@kernel("Split", since=13, prepare=True)
+def split_13(ctx, *, axis=0):
+    """Split-13: sizes from the optional split input, else equal parts per output."""
+
+    def run(input, split=None):
+        dim = input.shape[_axis(axis, input.ndim)]
+        return _split(input, axis, _split_sizes(dim, split, ctx.num_outputs))
+
+    return run
+
+
+@kernel("Split", since=18, prepare=True)
+def split_18(ctx, *, axis=0, num_outputs=None):
+    """Split-18: split input, or num_outputs chunks of ceil(dim/n) with a smaller last one."""
+
+    def run(input, split=None):
+        dim = input.shape[_axis(axis, input.ndim)]
+        return _split(input, axis, _split_sizes(dim, split, num_outputs or ctx.num_outputs))
+
+    return run
+
+
+# --- Shape / Size / Expand / Tile ---------------------------------------------------
+
+
+@kernel("Shape", since=1)
+def shape_1(data):
+    """Shape-1/13: the input's shape as int64."""
+    return np.asarray(data.shape, dtype=_INT64)
+
+
+@kernel("Shape", since=15)
+def shape_15(data, *, end=None, start=0):
+    """Shape-15..25: dims [start, end) with negative and out-of-range bounds clamped."""
+    # Python slicing already clamps exactly as ONNX specifies.
+    return np.asarray(data.shape[start:end], dtype=_INT64)
+
+
+@kernel("Size", since=1)
+def size(data):
+    """Size-1..25: element count as a 0-d int64 tensor."""
+    return np.asarray(data.size, dtype=_INT64)
+
+
+@kernel("Expand", since=8)
+def expand(input, shape):
+    """Expand-8/13: bidirectional broadcast of input to shape."""
+    target = np.broadcast_shapes(input.shape, tuple(_ints(shape)))
+    # Materialize: a zero-stride broadcast view is read-only and would surprise consumers.
+    return np.array(np.broadcast_to(input, target))
+
+
+@kernel("Tile", since=1)
+def tile_1(input, tiles, axis):
+    """Tile-1: repeat input `tiles` times along one axis."""
+    reps = [1] * input.ndim
+    reps[_axis(int(np.asarray(axis).reshape(-1)[0]), input.ndim)] = int(np.asarray(tiles).reshape(-1)[0])
+    return np.tile(input, reps)
+
+
+@kernel("Tile", since=6)
+def tile_6(input, repeats):
+    """Tile-6/13: repeat input repeats[i] times along each axis i."""
+    reps = _ints(repeats)
+    if len(reps) != input.ndim:
+        raise ValueError(f"Tile repeats {reps} must have one entry per axis of shape {input.shape}")
+    return np.tile(input, reps)
+
+
+KERNELS = [
+    reshape_1,
+    reshape_5,
+    reshape_14,
+    flatten,
+    squeeze_1,
+    squeeze_13,
+    unsqueeze_1,
+    unsqueeze_13,
+    identity,
+    dropout_1,
+    dropout_6,
+    dropout_7,
+    dropout_10,
+    dropout_12,
+    transpose,
+    concat_1,
+    concat_4,
+    split_1,
+    split_2,
+    split_13,
+    split_18,
+    shape_1,
+    shape_15,
+    size,
+    expand,
+    tile_1,
+    tile_6,
+]
