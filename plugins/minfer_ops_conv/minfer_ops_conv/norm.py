@@ -1,9 +1,150 @@
-"""Kernels: norm ops."""
+"""Kernels: BatchNormalization (inference), LRN, InstanceNormalization, LpNormalization."""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
 from minfer_core import kernel
 
-KERNELS: list = []
+
+def _channel_param(p: np.ndarray, ndim: int, spatial: int) -> np.ndarray:
+    """Per-channel params broadcast as (C, 1, ..., 1); spatial=0 params already match x.shape[1:]."""
+    if spatial and p.ndim == 1:
+        return p.reshape((-1,) + (1,) * (ndim - 2))
+    return p
+
+
+def _affine(scale, bias, mean, var, epsilon):
+    """Fold inference BN into y = a*x + b, computed in float64 for accuracy."""
+    a = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)
+    return a, bias.astype(np.float64) - mean.astype(np.float64) * a
+
+
+def _batch_norm(ctx, epsilon: float, spatial: int = 1):
+    consts = ctx.constants[1:5]
+    folded = _affine(*consts, epsilon) if len(consts) == 4 and all(c is not None for c in consts) else None
+    cache: dict = {}
+
+    def run(x, scale, bias, mean, var):
+        key = (x.ndim, x.dtype)
+        if folded is None:
+            a, b = _affine(scale, bias, mean, var, epsilon)
+            a, b = (_channel_param(v, x.ndim, spatial).astype(x.dtype) for v in (a, b))
+        else:
+            if key not in cache:
+                cache[key] = tuple(_channel_param(v, x.ndim, spatial).astype(x.dtype) for v in folded)
+            a, b = cache[key]
+        y = x * a
+        y += b
+        extra = (mean, var, mean, var)[: ctx.num_outputs - 1]
+        return (y, *extra) if extra else y
+
+    return run
+
+
+@kernel("BatchNormalization", since=1, prepare=True)
+def batch_norm_1(ctx, *, consumed_inputs, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1):
+    """BatchNormalization-1: inference with running statistics (is_test ignored)."""
+    return _batch_norm(ctx, epsilon, spatial)
+
+
+@kernel("BatchNormalization", since=6, prepare=True)
+def batch_norm_6(ctx, *, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1):
+    """BatchNormalization-6: inference with running statistics (is_test ignored)."""
+    return _batch_norm(ctx, epsilon, spatial)
+
+
+@kernel("BatchNormalization", since=7, prepare=True)
+def batch_norm_7(ctx, *, epsilon=1e-5, momentum=0.9, spatial=1):
+    """BatchNormalization-7: inference with running statistics."""
+    return _batch_norm(ctx, epsilon, spatial)
+
+
+@kernel("BatchNormalization", since=9, prepare=True)
+def batch_norm_9(ctx, *, epsilon=1e-5, momentum=0.9):
+    """BatchNormalization-9: per-channel inference normalization."""
+    return _batch_norm(ctx, epsilon)
+
+
+def _batch_norm_training(ctx, epsilon: float, momentum: float):
+    """Normalize with the batch's own statistics and return the updated running ones."""
+
+    def run(x, scale, bias, mean, var):
+        axes = (0,) + tuple(range(2, x.ndim))
+        batch_mean = x.mean(axis=axes, dtype=np.float64)
+        batch_var = x.var(axis=axes, dtype=np.float64)
+        a, b = (_channel_param(v, x.ndim, 1) for v in _affine(scale, bias, batch_mean, batch_var, epsilon))
+        y = (x * a + b).astype(x.dtype)
+        running_mean = (mean * momentum + batch_mean * (1 - momentum)).astype(mean.dtype)
+        running_var = (var * momentum + batch_var * (1 - momentum)).astype(var.dtype)
+        return (y, running_mean, running_var)[: max(ctx.num_outputs, 1)] if ctx.num_outputs > 1 else y
+
+    return run
+
+
+@kernel("BatchNormalization", since=14, prepare=True)
+def batch_norm_14(ctx, *, epsilon=1e-5, momentum=0.9, training_mode=0):
+    """BatchNormalization-14/15: running statistics, or batch statistics when training_mode=1."""
+    if training_mode:
+        return _batch_norm_training(ctx, epsilon, momentum)
+    return _batch_norm(ctx, epsilon)
+
+
+def _window_sum_channels(sq: np.ndarray, size: int) -> np.ndarray:
+    """Sum of sq over channels [c - floor((size-1)/2), c + ceil((size-1)/2)], clipped at the ends."""
+    before, after = (size - 1) // 2, math.ceil((size - 1) / 2)
+    c = sq.shape[1]
+    csum = np.zeros((sq.shape[0], c + 1) + sq.shape[2:], dtype=np.float64)
+    np.cumsum(sq, axis=1, dtype=np.float64, out=csum[:, 1:])
+    hi = np.minimum(np.arange(c) + after + 1, c)
+    lo = np.maximum(np.arange(c) - before, 0)
+    return csum[:, hi] - csum[:, lo]
+
+
+@kernel("LRN", since=1)
+def lrn(x, *, alpha=0.0001, beta=0.75, bias=1.0, size):
+    """LRN-1/13: x / (bias + alpha/size * sum of squares over a channel window)^beta."""
+    sq = _window_sum_channels(np.square(x, dtype=np.float64), size)
+    return (x / (bias + (alpha / size) * sq) ** beta).astype(x.dtype, copy=False)
+
+
+def _instance_norm(x, scale, bias, epsilon):
+    axes = tuple(range(2, x.ndim))
+    xd = x.astype(np.float64)
+    mean = xd.mean(axis=axes, keepdims=True)
+    var = xd.var(axis=axes, keepdims=True)
+    shape = (-1,) + (1,) * (x.ndim - 2)
+    y = (xd - mean) / np.sqrt(var + epsilon) * scale.reshape(shape) + bias.reshape(shape)
+    return y.astype(x.dtype, copy=False)
+
+
+@kernel("InstanceNormalization", since=1)
+def instance_norm_1(x, scale, bias, *, consumed_inputs=None, epsilon=1e-5):
+    """InstanceNormalization-1: normalize each (n, c) over its spatial dims."""
+    return _instance_norm(x, scale, bias, epsilon)
+
+
+@kernel("InstanceNormalization", since=6)
+def instance_norm_6(x, scale, bias, *, epsilon=1e-5):
+    """InstanceNormalization-6/22: normalize each (n, c) over its spatial dims."""
+    return _instance_norm(x, scale, bias, epsilon)
+
+
+@kernel("LpNormalization", since=1)
+def lp_normalization(x, *, axis=-1, p=2):
+    """LpNormalization-1/22: x divided by its L1 or L2 norm along axis (zero norms give 0)."""
+    if p == 1:
+        norm = np.sum(np.abs(x), axis=axis, keepdims=True)
+    else:
+        norm = np.sqrt(np.sum(np.square(x), axis=axis, keepdims=True))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        y = np.where(norm == 0, 0, x / norm)
+    return y.astype(x.dtype, copy=False)
+
+
+KERNELS = [
+    batch_norm_1, batch_norm_6, batch_norm_7, batch_norm_9, batch_norm_14,
+    lrn, instance_norm_1, instance_norm_6, lp_normalization,
+]

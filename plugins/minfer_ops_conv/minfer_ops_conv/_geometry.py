@@ -1,0 +1,121 @@
+"""Sliding-window geometry shared by conv and pooling: pads, output sizes, strided views."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from typing import Iterator, Sequence
+
+import attrs
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+
+@attrs.frozen
+class Window:
+    """Where a sliding window goes over the spatial dims of one input shape.
+
+    ``begin``/``end`` are the pads applied before and after each spatial dim;
+    ``end`` may exceed the declared pads when ceil_mode lets the last window
+    run past the padded input (those cells never count as data).
+    """
+
+    in_shape: tuple[int, ...]
+    kernel: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+    begin: tuple[int, ...]
+    end: tuple[int, ...]
+    declared_end: tuple[int, ...]
+    out_shape: tuple[int, ...]
+
+    @property
+    def padded(self) -> bool:
+        return any(self.begin) or any(self.end)
+
+    def taps(self) -> Iterator[tuple[slice, ...]]:
+        """One tuple of spatial slices per kernel tap, each selecting that tap over all outputs."""
+        ranges = [range(k) for k in self.kernel]
+        for tap in itertools.product(*ranges):
+            yield tuple(
+                slice(t * d, t * d + (o - 1) * s + 1, s)
+                for t, d, o, s in zip(tap, self.dilations, self.out_shape, self.strides)
+            )
+
+
+def _ints(value: Sequence[int] | None, n: int, fill: int) -> tuple[int, ...]:
+    return tuple(int(v) for v in value) if value else (fill,) * n
+
+
+def window(
+    in_shape: Sequence[int],
+    kernel: Sequence[int],
+    *,
+    strides: Sequence[int] | None = None,
+    dilations: Sequence[int] | None = None,
+    pads: Sequence[int] | None = None,
+    auto_pad: str = "NOTSET",
+    ceil_mode: int = 0,
+) -> Window:
+    """Resolve pads and output size the way onnxruntime does for Conv and the pools."""
+    n = len(in_shape)
+    strides = _ints(strides, n, 1)
+    dilations = _ints(dilations, n, 1)
+    kernel = tuple(int(k) for k in kernel)
+    span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        out = [math.ceil(i / s) for i, s in zip(in_shape, strides)]
+        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, span, in_shape)]
+        small = [t // 2 for t in total]
+        big = [t - t // 2 for t in total]
+        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+    else:
+        if auto_pad == "VALID":
+            pads = None
+        p = _ints(pads, 2 * n, 0)
+        begin, end = list(p[:n]), list(p[n:])
+        out = []
+        for i, s, e, b, f in zip(in_shape, strides, span, begin, end):
+            size = (i + b + f - e) / s + 1
+            o = math.ceil(size) if ceil_mode else math.floor(size)
+            # the last window must start inside the input or the leading pad
+            if ceil_mode and (o - 1) * s >= i + b:
+                o -= 1
+            out.append(max(o, 0))
+    declared_end = tuple(end)
+    # ceil_mode may need more trailing cells than the declared pads provide
+    end = [max(f, (o - 1) * s + e - i - b) for f, o, s, e, i, b in zip(end, out, strides, span, in_shape, begin)]
+    return Window(tuple(in_shape), kernel, strides, dilations, tuple(begin), tuple(end), declared_end, tuple(out))
+
+
+def pad(x: np.ndarray, w: Window, value: float = 0.0) -> np.ndarray:
+    """x padded on its trailing spatial dims as ``w`` asks (x itself when no pad is needed)."""
+    if not w.padded:
+        return x
+    lead = x.ndim - len(w.in_shape)
+    shape = x.shape[:lead] + tuple(i + b + e for i, b, e in zip(w.in_shape, w.begin, w.end))
+    out = np.full(shape, value, dtype=x.dtype)
+    inner = (slice(None),) * lead + tuple(slice(b, b + i) for b, i in zip(w.begin, w.in_shape))
+    out[inner] = x
+    return out
+
+
+def im2col_view(xp: np.ndarray, w: Window) -> np.ndarray:
+    """A (N, C, *kernel, *out) strided view of padded input xp: no copy."""
+    n, c = xp.shape[:2]
+    sp = xp.strides[2:]
+    shape = (n, c) + w.kernel + w.out_shape
+    strides = xp.strides[:2] + tuple(st * d for st, d in zip(sp, w.dilations))
+    strides += tuple(st * s for st, s in zip(sp, w.strides))
+    return as_strided(xp, shape, strides, writeable=False)
+
+
+def tap_counts(w: Window, include_pad: bool) -> np.ndarray:
+    """How many taps of each output window fall on data (or on data and declared pads)."""
+    counts = np.ones((), dtype=np.float64)
+    for i, k, s, d, b, f, o in zip(w.in_shape, w.kernel, w.strides, w.dilations, w.begin, w.declared_end, w.out_shape):
+        pos = np.arange(o)[:, None] * s - b + np.arange(k)[None, :] * d
+        lo, hi = (-b, i + f) if include_pad else (0, i)
+        per_dim = ((pos >= lo) & (pos < hi)).sum(axis=1)
+        counts = np.multiply.outer(counts, per_dim)
+    return counts
