@@ -1,4 +1,4 @@
-"""Kernels: pad ops."""
+"""Kernels: Pad in every opset form (pads as attribute, then as input, then with axes)."""
 
 from __future__ import annotations
 
@@ -6,4 +6,55 @@ import numpy as np
 
 from minfer_core import kernel
 
-KERNELS: list = []
+_MODES = ("constant", "reflect", "edge", "wrap")
+
+
+def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None) -> np.ndarray:
+    """Pad (or crop, for negative pads) data; pads = [begins..., ends...] over axes."""
+    if mode not in _MODES:
+        raise ValueError(f"Pad mode {mode!r} is not one of {sorted(_MODES)}")
+    pads = [int(p) for p in np.asarray(pads).reshape(-1)]
+    rank = data.ndim
+    axes = list(range(rank)) if axes is None else [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
+    if len(pads) != 2 * len(axes):
+        raise ValueError(f"Pad needs 2 pads per axis: {len(pads)} pads for axes {axes}")
+    width = [[0, 0] for _ in range(rank)]
+    for i, axis in enumerate(axes):
+        width[axis] = [pads[i], pads[len(axes) + i]]
+    # Negative pads crop first, then the positive ones pad what is left (onnxruntime's order).
+    crop = tuple(slice(max(-b, 0), data.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width))
+    cropped = data[crop]
+    grow = [(max(b, 0), max(e, 0)) for b, e in width]
+    if not any(b or e for b, e in grow):
+        return cropped  # pure crop: a view, no copy
+    if mode == "constant":
+        fill = 0 if value is None else np.asarray(value).reshape(-1)[0]
+        return np.pad(cropped, grow, mode="constant", constant_values=fill)
+    return np.pad(cropped, grow, mode=mode)
+
+
+@kernel("Pad", since=1)
+def pad_1(data, *, value=0.0, mode="constant", paddings):
+    """Pad-1: paddings and the constant value as attributes."""
+    return _pad(data, paddings, mode, value)
+
+
+@kernel("Pad", since=2)
+def pad_2(data, *, value=0.0, mode="constant", pads):
+    """Pad-2: pads and the constant value as attributes."""
+    return _pad(data, pads, mode, value)
+
+
+@kernel("Pad", since=11)
+def pad_11(data, pads, constant_value=None, *, mode="constant"):
+    """Pad-11/13: pads and the optional constant value as inputs."""
+    return _pad(data, pads, mode, constant_value)
+
+
+@kernel("Pad", since=18)
+def pad_18(data, pads, constant_value=None, axes=None, *, mode="constant"):
+    """Pad-18..25: optional axes input; pads cover only those axes; wrap mode from 19."""
+    return _pad(data, pads, mode, constant_value, axes)
+
+
+KERNELS = [pad_1, pad_2, pad_11, pad_18]
