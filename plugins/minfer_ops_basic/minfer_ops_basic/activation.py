@@ -1,9 +1,289 @@
-"""Kernels: activation ops."""
+"""Kernels: activations (Relu, Sigmoid, Gelu, Clip, ...) and the Softmax family."""
 
 from __future__ import annotations
+
+import math
+from typing import Any, Callable
 
 import numpy as np
 
 from minfer_core import kernel
 
+from .elementwise import arr, as_float, erf, scalar, unary_kernels
+
+F32_MAX = 3.4028234663852886e38
+
+
+def _apply(x: np.ndarray, fn: Callable[[np.ndarray], Any]) -> np.ndarray:
+    """fn on x in a dtype numpy computes well, returned in x's dtype."""
+    with np.errstate(all="ignore"):  # overflow to inf inside exp is expected and harmless
+        return arr(fn(as_float(x)), x.dtype)
+
+
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    """Logistic function without overflow: exp only ever sees -|x|."""
+    e = np.exp(-np.abs(x))
+    one = np.ones((), dtype=e.dtype)
+    return np.where(x >= 0, one / (one + e), e / (one + e))
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(np.zeros((), dtype=x.dtype), x)
+
+
 KERNELS: list = []
+KERNELS += unary_kernels("Relu", lambda x: np.maximum(x, np.zeros((), dtype=x.dtype)), 1, legacy=True, name="max(x, 0)")
+KERNELS += unary_kernels("Sigmoid", sigmoid, 1, legacy=True, name="1 / (1 + exp(-x))")
+KERNELS += unary_kernels("Tanh", np.tanh, 1, legacy=True, name="tanh")
+KERNELS += unary_kernels("Softplus", _softplus, 1, name="log(1 + exp(x))")
+KERNELS += unary_kernels("Softsign", lambda x: x / (np.ones((), dtype=x.dtype) + np.abs(x)), 1, name="x / (1 + |x|)")
+KERNELS += unary_kernels("Mish", lambda x: x * np.tanh(_softplus(x)), 18, name="x * tanh(softplus(x))")
+
+
+def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    return np.clip(scalar(alpha, x) * x + scalar(beta, x), 0, 1).astype(x.dtype, copy=False)
+
+
+KERNELS += unary_kernels("HardSwish", lambda x: x * _hard_sigmoid(x, 1 / 6, 0.5), 14, name="x * hardsigmoid(x)")
+
+
+def _elu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return _apply(x, lambda v: np.where(v > 0, v, scalar(alpha, v) * np.expm1(v)))
+
+
+@kernel("Elu", since=6)
+def elu(x, *, alpha=1.0):
+    """Elu-6: x if x > 0 else alpha * (exp(x) - 1)."""
+    return _elu(x, alpha)
+
+
+@kernel("Elu", since=1)
+def elu_1(x, *, alpha=1.0, consumed_inputs=None):
+    """Elu-1: as Elu-6."""
+    return _elu(x, alpha)
+
+
+def _selu(x: np.ndarray, alpha: float, gamma: float) -> np.ndarray:
+    def fn(v):
+        return scalar(gamma, v) * np.where(v > 0, v, scalar(alpha, v) * np.expm1(v))
+
+    return _apply(x, fn)
+
+
+@kernel("Selu", since=6)
+def selu(x, *, alpha=1.67326319217681884765625, gamma=1.05070102214813232421875):
+    """Selu-6: gamma * (x if x > 0 else alpha * (exp(x) - 1))."""
+    return _selu(x, alpha, gamma)
+
+
+@kernel("Selu", since=1)
+def selu_1(x, *, alpha=1.6732, gamma=1.0507, consumed_inputs=None):
+    """Selu-1: as Selu-6 with the older, shorter default constants."""
+    return _selu(x, alpha, gamma)
+
+
+@kernel("Celu", since=12)
+def celu(x, *, alpha=1.0):
+    """Celu-12: max(0, x) + min(0, alpha * (exp(x / alpha) - 1))."""
+
+    def fn(v):
+        a = scalar(alpha, v)
+        return np.maximum(v, 0) + np.minimum(0, a * np.expm1(v / a))
+
+    return _apply(x, fn)
+
+
+def _leaky_relu(x: np.ndarray, alpha: float) -> np.ndarray:
+    return _apply(x, lambda v: np.where(v >= 0, v, v * scalar(alpha, v)))
+
+
+@kernel("LeakyRelu", since=6)
+def leaky_relu(x, *, alpha=0.01):
+    """LeakyRelu-6: x if x >= 0 else alpha * x."""
+    return _leaky_relu(x, alpha)
+
+
+@kernel("LeakyRelu", since=1)
+def leaky_relu_1(x, *, alpha=0.01, consumed_inputs=None):
+    """LeakyRelu-1: as LeakyRelu-6."""
+    return _leaky_relu(x, alpha)
+
+
+@kernel("PRelu", since=6)
+def prelu(x, slope):
+    """PRelu-6: x if x >= 0 else slope * x, slope broadcast to x."""
+    with np.errstate(all="ignore"):
+        xf, sf = as_float(x), as_float(slope)
+        return arr(np.where(xf >= 0, xf, xf * sf), x.dtype)
+
+
+@kernel("PRelu", since=1)
+def prelu_1(x, slope, *, consumed_inputs=None):
+    """PRelu-1: as PRelu-6."""
+    return prelu.fn(x, slope)
+
+
+@kernel("HardSigmoid", since=6)
+def hard_sigmoid(x, *, alpha=0.2, beta=0.5):
+    """HardSigmoid-6: max(0, min(1, alpha * x + beta))."""
+    return _apply(x, lambda v: _hard_sigmoid(v, alpha, beta))
+
+
+@kernel("HardSigmoid", since=1)
+def hard_sigmoid_1(x, *, alpha=0.2, beta=0.5, consumed_inputs=None):
+    """HardSigmoid-1: as HardSigmoid-6."""
+    return hard_sigmoid.fn(x, alpha=alpha, beta=beta)
+
+
+@kernel("ThresholdedRelu", since=10)
+def thresholded_relu(x, *, alpha=1.0):
+    """ThresholdedRelu-10: x if x > alpha else 0."""
+    return _apply(x, lambda v: np.where(v > scalar(alpha, v), v, 0))
+
+
+@kernel("Shrink", since=9)
+def shrink(x, *, bias=0.0, lambd=0.5):
+    """Shrink-9: x + bias below -lambd, x - bias above lambd, else 0 (any numeric dtype)."""
+    v = x.astype(np.float64) if x.dtype.kind in "iu" else as_float(x)
+    b = scalar(bias, v)
+    out = np.where(v < -lambd, v + b, np.where(v > lambd, v - b, 0))
+    return arr(out, x.dtype)
+
+
+@kernel("Swish", since=24)
+def swish(x, *, alpha=1.0):
+    """Swish-24: x * sigmoid(alpha * x)."""
+    return _apply(x, lambda v: v * sigmoid(scalar(alpha, v) * v))
+
+
+@kernel("SwiGLU", since=28)
+def swiglu(a, b, *, alpha=1.0):
+    """SwiGLU-28: swish_alpha(A) * B."""
+    return arr(swish.fn(a, alpha=alpha) * b, a.dtype)
+
+
+def _gelu_tanh(v: np.ndarray) -> np.ndarray:
+    c = scalar(math.sqrt(2 / math.pi), v)
+    return scalar(0.5, v) * v * (1 + np.tanh(c * (v + scalar(0.044715, v) * v * v * v)))
+
+
+@kernel("Gelu", since=20)
+def gelu(x, *, approximate="none"):
+    """Gelu-20: 0.5 * x * (1 + erf(x / sqrt(2))), or the tanh approximation."""
+    if approximate == "tanh":
+        return _apply(x, _gelu_tanh)
+    # erf is evaluated in float64 anyway; do the whole formula there and round once
+    x64 = x.astype(np.float64)
+    return arr(0.5 * x64 * (1.0 + erf(x64 * math.sqrt(0.5))), x.dtype)
+
+
+# --- Clip --------------------------------------------------------------------
+
+
+def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+    """max then min, so lo > hi yields hi everywhere, as ONNX specifies."""
+    v = as_float(x)
+    with np.errstate(all="ignore"):  # float16 turns the default FLT_MAX bounds into inf
+        if lo is not None:
+            v = np.maximum(v, np.asarray(lo).astype(v.dtype))
+        if hi is not None:
+            v = np.minimum(v, np.asarray(hi).astype(v.dtype))
+    return arr(v, x.dtype)
+
+
+@kernel("Clip", since=11)
+def clip(x, lo=None, hi=None):
+    """Clip-11: bounds come as optional 0-d inputs."""
+    return _clip(x, lo, hi)
+
+
+@kernel("Clip", since=6)
+def clip_6(x, *, max=F32_MAX, min=-F32_MAX):  # noqa: A002 - ONNX attribute names
+    """Clip-6: bounds are attributes defaulting to the float32 range."""
+    return _clip(x, min, max)
+
+
+@kernel("Clip", since=1)
+def clip_1(x, *, consumed_inputs=None, max=None, min=None):  # noqa: A002
+    """Clip-1: a missing bound does not clip."""
+    return _clip(x, min, max)
+
+
+KERNELS += [elu, elu_1, selu, selu_1, celu, leaky_relu, leaky_relu_1, prelu, prelu_1]
+KERNELS += [hard_sigmoid, hard_sigmoid_1, thresholded_relu, shrink, swish, swiglu, gelu]
+KERNELS += [clip, clip_6, clip_1]
+
+
+# --- Softmax family ----------------------------------------------------------
+
+
+def _exp_shifted(v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """x - max(x) along axis, and its exp; a row of all -inf gives nan, as in onnxruntime."""
+    shifted = v - np.max(v, axis=axis, keepdims=True)
+    return shifted, np.exp(shifted)
+
+
+def softmax(v: np.ndarray, axis: int) -> np.ndarray:
+    """Softmax of v along one axis, in v's dtype."""
+    _, e = _exp_shifted(v, axis)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def log_softmax(v: np.ndarray, axis: int) -> np.ndarray:
+    """LogSoftmax of v along one axis, in v's dtype."""
+    shifted, e = _exp_shifted(v, axis)
+    return shifted - np.log(np.sum(e, axis=axis, keepdims=True))
+
+
+def hardmax(v: np.ndarray, axis: int) -> np.ndarray:
+    """One-hot of the first maximum along axis."""
+    idx = np.expand_dims(np.argmax(v, axis=axis), axis)
+    out = np.zeros(v.shape, dtype=v.dtype)
+    np.put_along_axis(out, idx, 1, axis=axis)
+    return out
+
+
+def _widen(x: np.ndarray) -> np.ndarray:
+    """float16/bfloat16 accumulate badly; compute those in float32."""
+    return x.astype(np.float32) if x.dtype.itemsize < 4 else x
+
+
+def _per_axis(fn: Callable[[np.ndarray, int], np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(x: np.ndarray, axis: int) -> np.ndarray:
+        if x.size == 0:
+            return x.copy()
+        with np.errstate(all="ignore"):
+            return arr(fn(_widen(x), axis), x.dtype)
+
+    return run
+
+
+def _flattened(fn: Callable[[np.ndarray, int], np.ndarray]) -> Callable[..., np.ndarray]:
+    """The opset<13 rule: coerce x to 2-D [prod(shape[:axis]), prod(shape[axis:])], apply on dim 1."""
+    per_axis = _per_axis(fn)
+
+    def run(x: np.ndarray, axis: int) -> np.ndarray:
+        axis = axis % x.ndim if x.ndim else 0
+        outer = math.prod(x.shape[:axis])
+        return per_axis(x.reshape(outer, -1), 1).reshape(x.shape)
+
+    return run
+
+
+def _softmax_kernels(op_type: str, fn: Callable[[np.ndarray, int], np.ndarray]) -> list:
+    per_axis, flattened = _per_axis(fn), _flattened(fn)
+
+    def v13(x, *, axis=-1):
+        return per_axis(x, axis)
+
+    def v1(x, *, axis=1):
+        return flattened(x, axis)
+
+    v13.__doc__ = f"{op_type}-13: along one axis (default the last)."
+    v1.__doc__ = f"{op_type}-1: over the 2-D coercion of x at axis (default 1), as before opset 13."
+    return [kernel(op_type, since=13)(v13), kernel(op_type, since=1)(v1)]
+
+
+KERNELS += _softmax_kernels("Softmax", softmax)
+KERNELS += _softmax_kernels("LogSoftmax", log_softmax)
+KERNELS += _softmax_kernels("Hardmax", hardmax)
