@@ -1,0 +1,123 @@
+"""onnx's node conformance cases against minfer: a cached case list, a runner, a coverage table.
+
+``collect_testcases()`` takes seconds, so the cases are pickled once per onnx
+version under ``$MINFER_CACHE`` (default ``~/.cache/minfer``).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+from typing import Any, Iterable
+
+import attrs
+import numpy as np
+import onnx
+
+from .errors import UnsupportedOpError
+
+
+@attrs.frozen
+class Case:
+    """One node case: a single-node model and its data sets."""
+
+    name: str
+    model: bytes
+    data_sets: list[tuple[list[Any], list[Any]]]
+    rtol: float
+    atol: float
+
+    @property
+    def proto(self) -> onnx.ModelProto:
+        return onnx.ModelProto.FromString(self.model)
+
+    @property
+    def op_type(self) -> tuple[str, str]:
+        node = self.proto.graph.node[0]
+        return (node.domain if node.domain != "ai.onnx" else "", node.op_type)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MINFER_CACHE", Path.home() / ".cache" / "minfer"))
+
+
+def load_cases() -> list[Case]:
+    """Every onnx node case, from the cache (built on first use for this onnx version)."""
+    path = cache_dir() / f"node-cases-onnx-{onnx.__version__}.pkl"
+    if path.exists():
+        return pickle.loads(path.read_bytes())
+    import warnings
+
+    from onnx.backend.test.case.node import collect_testcases
+
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore")
+        raw = collect_testcases()
+    cases = [Case(c.name, c.model.SerializeToString(), c.data_sets, c.rtol, c.atol) for c in raw if c.model is not None]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".partial")
+    tmp.write_bytes(pickle.dumps(cases))
+    os.replace(tmp, path)
+    return cases
+
+
+def run_case(case: Case) -> None:
+    """Run one case through minfer's backend; raises AssertionError on a mismatch."""
+    from . import backend
+
+    rep = backend.prepare(case.proto)
+    for inputs, expected in case.data_sets:
+        got = rep.run(list(inputs))
+        assert len(got) >= len(expected), f"{case.name}: {len(got)} outputs, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_similar(g, e, case.rtol, case.atol, f"{case.name} output {i}")
+
+
+def assert_similar(got: Any, expected: Any, rtol: float, atol: float, what: str) -> None:
+    """Compare as onnx's backend runner does: dtype, shape, then values within rtol/atol."""
+    expected = np.asarray(expected)
+    got = np.asarray(got)
+    assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype}, expected {expected.dtype}"
+    assert got.shape == expected.shape, f"{what}: shape {got.shape}, expected {expected.shape}"
+    if expected.dtype == object or expected.dtype.kind in "biuUS":
+        np.testing.assert_array_equal(got, expected, err_msg=what)
+    else:
+        np.testing.assert_allclose(
+            got.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol, err_msg=what, equal_nan=True
+        )
+
+
+def claimed(case: Case) -> bool:
+    """Whether an installed plugin claims the case's op (otherwise it is 'unsupported')."""
+    from .plugins import get_registry
+
+    domain, op_type = case.op_type
+    reg = get_registry()
+    return (domain, op_type) in reg.ops or (domain, op_type) in reg.kernels
+
+
+def coverage(cases: Iterable[Case]) -> dict[str, dict[str, Any]]:
+    """Per op type: the plugin claiming it and cases passed/total."""
+    from .plugins import get_registry
+
+    reg = get_registry()
+    table: dict[str, dict[str, Any]] = {}
+    for case in cases:
+        domain, op_type = case.op_type
+        key = f"{domain}::{op_type}" if domain else op_type
+        row = table.setdefault(key, {"plugin": _owner(reg, domain, op_type), "passed": 0, "total": 0, "failed": []})
+        row["total"] += 1
+        try:
+            run_case(case)
+            row["passed"] += 1
+        except (AssertionError, Exception) as exc:
+            row["failed"].append((case.name, "unsupported" if isinstance(exc, UnsupportedOpError) else str(exc)[:200]))
+    return table
+
+
+def _owner(reg: Any, domain: str, op_type: str) -> str:
+    claims = reg.ops.get((domain, op_type))
+    if claims:
+        return ",".join(sorted({str(c.plugin) for c in claims}))
+    return "(function body)" if onnx.defs.has(op_type, domain) and onnx.defs.get_schema(op_type, domain=domain).has_function else "-"

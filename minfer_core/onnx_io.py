@@ -1,0 +1,341 @@
+"""ONNX import (path, bytes or ModelProto -> Graph) and export (Graph -> ModelProto).
+
+Loading never executes code from the model, and external-data paths are
+resolved inside the model's folder or refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Union
+
+import numpy as np
+import onnx
+from google.protobuf.message import DecodeError
+from onnx import AttributeProto, TensorProto, helper, numpy_helper
+
+from .errors import ModelLoadError
+from .graph import Graph, Node
+from .tensor import Dim, TensorType
+
+ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
+
+# onnx.helper spells opset domains two ways; the IR uses "".
+_DEFAULT_DOMAINS = ("", "ai.onnx")
+
+
+def onnx_dtype(elem_type: int) -> np.dtype:
+    """The numpy dtype of an ONNX tensor element type (bfloat16/float8 through ml_dtypes)."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(elem_type))
+
+
+def elem_type_of(dtype: np.dtype) -> int:
+    """The ONNX tensor element type of a numpy dtype."""
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+# ---- import -------------------------------------------------------------
+
+
+def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None) -> Graph:
+    """Import a model file, its bytes, or a ModelProto into a Graph.
+
+    ``base_dir`` is the folder external data is read from; it defaults to the
+    model file's folder. Raises ModelLoadError for anything unreadable.
+    """
+    proto, folder = _read_proto(model)
+    folder = Path(base_dir) if base_dir is not None else folder
+    opsets = {("" if o.domain in _DEFAULT_DOMAINS else o.domain): int(o.version) for o in proto.opset_import}
+    if proto.ir_version < 3 and "" not in opsets:
+        opsets[""] = 1
+    graph = _import_graph(proto.graph, opsets, folder)
+    graph.meta.update(
+        ir_version=int(proto.ir_version),
+        producer_name=proto.producer_name,
+        producer_version=proto.producer_version,
+        model_version=int(proto.model_version),
+        doc_string=proto.doc_string,
+        metadata_props={p.key: p.value for p in proto.metadata_props},
+        functions=list(proto.functions),
+    )
+    return graph
+
+
+def _read_proto(model: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
+    if isinstance(model, onnx.ModelProto):
+        return model, None
+    if isinstance(model, (bytes, bytearray)):
+        return _parse(bytes(model), "<bytes>"), None
+    path = Path(model)
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from exc
+    return _parse(data, str(path)), path.resolve().parent
+
+
+def _parse(data: bytes, where: str) -> onnx.ModelProto:
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise ModelLoadError(f"{where} is not a valid ONNX model (malformed or truncated protobuf: {exc})") from exc
+    if not proto.HasField("graph"):
+        raise ModelLoadError(f"{where} parsed as protobuf but holds no ONNX graph (is it an ONNX model?)")
+    return proto
+
+
+def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], folder: Path | None) -> Graph:
+    initializers = {t.name: tensor_to_array(t, folder) for t in gp.initializer}
+    for sparse in gp.sparse_initializer:
+        initializers[sparse.values.name] = _sparse_to_dense(sparse, folder)
+    types: dict[str, TensorType] = {}
+    for vi in list(gp.input) + list(gp.output) + list(gp.value_info):
+        t = type_from_proto(vi.type)
+        if t is not None:
+            types[vi.name] = t
+    inputs = [vi.name for vi in gp.input if vi.name not in initializers]
+    nodes = [_import_node(n, opsets, folder) for n in gp.node]
+    graph = Graph(
+        inputs=inputs,
+        outputs=[vi.name for vi in gp.output],
+        initializers=initializers,
+        types=types,
+        opsets=opsets,
+        name=gp.name or "graph",
+    )
+    graph.meta["doc_string"] = gp.doc_string
+    for node in nodes:
+        try:
+            graph.add_node(node)
+        except Exception as exc:
+            raise ModelLoadError(f"graph {graph.name!r}: {exc}") from exc
+    return graph
+
+
+def _import_node(np_: onnx.NodeProto, opsets: dict[str, int], folder: Path | None) -> Node:
+    attrs = {a.name: attribute_value(a, opsets, folder) for a in np_.attribute}
+    domain = "" if np_.domain in _DEFAULT_DOMAINS else np_.domain
+    return Node(np_.op_type, list(np_.input), list(np_.output), attrs, np_.name, domain)
+
+
+def attribute_value(attr: AttributeProto, opsets: dict[str, int] | None = None, folder: Path | None = None) -> Any:
+    """An attribute as the Python value kernels receive (see docs/kernel-contract.md)."""
+    kind = attr.type
+    if kind == AttributeProto.FLOAT:
+        return float(attr.f)
+    if kind == AttributeProto.INT:
+        return int(attr.i)
+    if kind == AttributeProto.STRING:
+        return _text(attr.s)
+    if kind == AttributeProto.TENSOR:
+        return tensor_to_array(attr.t, folder)
+    if kind == AttributeProto.GRAPH:
+        return _import_graph(attr.g, opsets or {"": 21}, folder)
+    if kind == AttributeProto.FLOATS:
+        return [float(v) for v in attr.floats]
+    if kind == AttributeProto.INTS:
+        return [int(v) for v in attr.ints]
+    if kind == AttributeProto.STRINGS:
+        return [_text(v) for v in attr.strings]
+    if kind == AttributeProto.TENSORS:
+        return [tensor_to_array(t, folder) for t in attr.tensors]
+    if kind == AttributeProto.GRAPHS:
+        return [_import_graph(g, opsets or {"": 21}, folder) for g in attr.graphs]
+    if kind == AttributeProto.SPARSE_TENSOR:
+        return _sparse_to_dense(attr.sparse_tensor, folder)
+    if kind == AttributeProto.SPARSE_TENSORS:
+        return [_sparse_to_dense(s, folder) for s in attr.sparse_tensors]
+    if kind == AttributeProto.TYPE_PROTO:
+        return attr.tp
+    if kind == AttributeProto.TYPE_PROTOS:
+        return list(attr.type_protos)
+    raise ModelLoadError(f"attribute {attr.name!r} has an unknown type {kind}")
+
+
+def _text(raw: bytes) -> Any:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return raw
+
+
+def tensor_to_array(tensor: TensorProto, folder: Path | None) -> np.ndarray:
+    """A TensorProto's value in any storage form: typed fields, raw_data, or external data."""
+    if tensor.data_location == TensorProto.EXTERNAL:
+        tensor = _with_external_data(tensor, folder)
+    try:
+        return numpy_helper.to_array(tensor)
+    except Exception as exc:
+        raise ModelLoadError(f"tensor {tensor.name!r} cannot be decoded: {exc}") from exc
+
+
+def _with_external_data(tensor: TensorProto, folder: Path | None) -> TensorProto:
+    info = {e.key: e.value for e in tensor.external_data}
+    location = info.get("location", "")
+    if folder is None:
+        raise ModelLoadError(
+            f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was "
+            "given without a folder: load it from its path or pass base_dir="
+        )
+    path = safe_external_path(folder, location, tensor.name)
+    offset, length = int(info.get("offset", 0)), info.get("length")
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            data = fh.read(int(length) if length is not None else -1)
+    except OSError as exc:
+        raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
+    loaded = TensorProto()
+    loaded.CopyFrom(tensor)
+    del loaded.external_data[:]
+    loaded.data_location = TensorProto.DEFAULT
+    loaded.raw_data = data
+    return loaded
+
+
+def safe_external_path(folder: Path, location: str, tensor_name: str) -> Path:
+    """``location`` resolved inside ``folder``; refuses paths that leave it."""
+    if not location:
+        raise ModelLoadError(f"tensor {tensor_name!r} declares external data without a location")
+    base = folder.resolve()
+    candidate = (base / location).resolve()
+    if os.path.isabs(location) or (candidate != base and base not in candidate.parents):
+        raise ModelLoadError(
+            f"tensor {tensor_name!r}: external data path {location!r} leaves the model's folder {str(base)!r}; refused"
+        )
+    return candidate
+
+
+def _sparse_to_dense(sparse: onnx.SparseTensorProto, folder: Path | None) -> np.ndarray:
+    values = tensor_to_array(sparse.values, folder)
+    indices = tensor_to_array(sparse.indices, folder).astype(np.int64)
+    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
+    if indices.ndim == 1:
+        dense.reshape(-1)[indices] = values
+    else:
+        dense[tuple(indices.T)] = values
+    return dense
+
+
+def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
+    """A TensorType from a TypeProto; None for non-tensor or untyped values."""
+    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
+        return None
+    tt = tp.tensor_type
+    shape: tuple[Dim, ...] | None = None
+    if tt.HasField("shape"):
+        shape = tuple(_dim_from_proto(d) for d in tt.shape.dim)
+    try:
+        return TensorType(onnx_dtype(tt.elem_type), shape)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
+def _dim_from_proto(d: Any) -> Dim:
+    kind = d.WhichOneof("value")
+    if kind == "dim_value":
+        return int(d.dim_value)
+    if kind == "dim_param":
+        return str(d.dim_param)
+    return None
+
+
+# ---- export -------------------------------------------------------------
+
+
+def to_model_proto(graph: Graph) -> onnx.ModelProto:
+    """Export a Graph as a ModelProto that onnxruntime and Netron open."""
+    gp = _export_graph(graph, graph.opsets)
+    opsets = [helper.make_opsetid(dom, ver) for dom, ver in sorted(graph.opsets.items())]
+    meta = graph.meta
+    model = helper.make_model(gp, opset_imports=opsets, producer_name=meta.get("producer_name") or "minfer")
+    # IR 4+ lets initializers stand apart from inputs, which is how the IR keeps them;
+    # IR 10 is the newest version onnxruntime 1.x accepts broadly.
+    model.ir_version = max(4, min(int(meta.get("ir_version", 10)), 10))
+    model.producer_version = meta.get("producer_version", "")
+    model.model_version = int(meta.get("model_version", 0))
+    model.doc_string = meta.get("doc_string", "")
+    for key, value in meta.get("metadata_props", {}).items():
+        model.metadata_props.add(key=key, value=value)
+    model.functions.extend(meta.get("functions", []))
+    return model
+
+
+def save_model(graph: Graph, path: str | os.PathLike) -> None:
+    """Write ``graph`` as an .onnx file; the file appears whole or not at all."""
+    data = to_model_proto(graph).SerializeToString()
+    tmp = Path(f"{path}.partial")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _export_graph(graph: Graph, opsets: dict[str, int]) -> onnx.GraphProto:
+    inits = [numpy_helper.from_array(np.asarray(a), name) for name, a in graph.initializers.items()]
+    nodes = [_export_node(n, opsets) for n in graph.nodes]
+    inputs = [_value_info(graph, n) for n in graph.inputs]
+    outputs = [_value_info(graph, n) for n in graph.outputs]
+    listed = set(graph.inputs) | set(graph.outputs) | set(graph.initializers)
+    value_info = [
+        _value_info(graph, n)
+        for n in sorted(graph.types)
+        if n not in listed and graph.producer(n) is not None
+    ]
+    gp = helper.make_graph(nodes, graph.name, inputs, outputs, inits, value_info=value_info)
+    gp.doc_string = graph.meta.get("doc_string", "")
+    return gp
+
+
+def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
+    t = graph.type_of(name)
+    if t is None:
+        return helper.make_empty_tensor_value_info(name)
+    shape = None if t.shape is None else [d if d is not None else "" for d in t.shape]
+    if shape is not None:
+        shape = [None if d == "" else d for d in shape]
+    return helper.make_tensor_value_info(name, elem_type_of(t.dtype), shape)
+
+
+def _export_node(node: Node, opsets: dict[str, int]) -> onnx.NodeProto:
+    proto = helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name or None, domain=node.domain or None)
+    types = _schema_attr_types(node, opsets)
+    for key, value in node.attrs.items():
+        proto.attribute.append(_make_attribute(key, value, types.get(key), opsets))
+    return proto
+
+
+def _schema_attr_types(node: Node, opsets: dict[str, int]) -> dict[str, int]:
+    try:
+        schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
+    except Exception:
+        return {}
+    return {name: int(a.type) for name, a in schema.attributes.items()}
+
+
+def _make_attribute(key: str, value: Any, kind: int | None, opsets: dict[str, int]) -> AttributeProto:
+    if isinstance(value, Graph):
+        return helper.make_attribute(key, _export_graph(value, opsets))
+    if isinstance(value, list) and value and isinstance(value[0], Graph):
+        return helper.make_attribute(key, [_export_graph(g, opsets) for g in value])
+    if kind == AttributeProto.FLOAT:
+        return helper.make_attribute(key, float(value))
+    if kind == AttributeProto.FLOATS:
+        return helper.make_attribute(key, [float(v) for v in value], attr_type=AttributeProto.FLOATS)
+    if kind == AttributeProto.INTS:
+        return helper.make_attribute(key, [int(v) for v in value], attr_type=AttributeProto.INTS)
+    if kind == AttributeProto.STRINGS:
+        return helper.make_attribute(key, list(value), attr_type=AttributeProto.STRINGS)
+    if kind == AttributeProto.SPARSE_TENSOR:
+        return helper.make_attribute(key, _dense_to_sparse(np.asarray(value)))
+    if isinstance(value, np.ndarray):
+        return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, list) and not value:
+        return helper.make_attribute(key, [], attr_type=AttributeProto.INTS)
+    return helper.make_attribute(key, value)
+
+
+def _dense_to_sparse(dense: np.ndarray) -> onnx.SparseTensorProto:
+    flat = dense.reshape(-1)
+    idx = np.flatnonzero(flat).astype(np.int64)
+    return helper.make_sparse_tensor(numpy_helper.from_array(flat[idx]), numpy_helper.from_array(idx), list(dense.shape))

@@ -1,0 +1,322 @@
+"""Plugin manager and registry: loads ``minfer.plugins`` entry points, collects what each registers.
+
+Each entry point is loaded inside its own ``try``: a plugin that fails to
+import is reported by name and the others still load, unless
+``MINFER_STRICT_PLUGINS=1`` (for CI) turns any failure into an error.
+``MINFER_PLUGINS=a,b`` is an allow-list of plugin names to load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from importlib import metadata, resources
+from typing import Any, Callable, Iterable
+
+import attrs
+import pluggy
+
+from . import hookspecs
+from .errors import AmbiguousKernelError, PluginLoadError, RegistrationError
+from .kernel import DEFAULT_PROVIDER, Kernel, OpDef
+
+ENTRY_POINT_GROUP = "minfer.plugins"
+STRICT_ENV = "MINFER_STRICT_PLUGINS"
+ALLOW_ENV = "MINFER_PLUGINS"
+PREFER_ENV = "MINFER_PREFER"
+
+
+@attrs.frozen
+class PluginInfo:
+    """What one plugin is and what it contributed (or why it failed)."""
+
+    name: str
+    distribution: str | None = None
+    version: str | None = None
+    error: str | None = None
+    ops: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    passes: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+
+class Registry:
+    """Everything the loaded plugins registered, with conflict resolution in one place.
+
+    Preferences (``{"Conv": "my-plugin"}`` or ``{"com.x::Op": ...}``) come from
+    ``MINFER_PREFER="Conv=my-plugin,..."`` and `prefer`; they decide ties that
+    would otherwise be an AmbiguousKernelError.
+    """
+
+    def __init__(self) -> None:
+        self.ops: dict[tuple[str, str], list[OpDef]] = {}
+        self.kernels: dict[tuple[str, str], list[Kernel]] = {}
+        self.passes: list[Any] = []
+        self.observers: list[Any] = []
+        self.plugins: dict[str, PluginInfo] = {}
+        self.preferences: dict[str, str] = _env_preferences()
+
+    def prefer(self, op_type: str, plugin: str, domain: str = "") -> None:
+        """Resolve a conflict for ``op_type`` in favour of ``plugin``."""
+        self.preferences[_pref_key(domain, op_type)] = plugin
+
+    # ---- lookups -------------------------------------------------------
+
+    def op_def(self, domain: str, op_type: str) -> OpDef | None:
+        """The OpDef for an op; two plugins claiming it is ambiguous unless preferred."""
+        claims = self.ops.get((domain, op_type), [])
+        return self._decide(claims, domain, op_type, what="op") if claims else None
+
+    def select_kernel(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER) -> Kernel | None:
+        """The kernel for ``op_type`` at ``opset``: per plugin the newest ``since`` <= opset, then priority."""
+        per_plugin: dict[str | None, Kernel] = {}
+        for k in self.kernels.get((domain, op_type), []):
+            if k.provider != provider or k.since > opset:
+                continue
+            best = per_plugin.get(k.plugin)
+            if best is None or (k.since, k.priority) > (best.since, best.priority):
+                per_plugin[k.plugin] = k
+        if not per_plugin:
+            return None
+        top = max(k.priority for k in per_plugin.values())
+        return self._decide([k for k in per_plugin.values() if k.priority == top], domain, op_type, what="kernel")
+
+    def _decide(self, candidates: list[Any], domain: str, op_type: str, what: str) -> Any:
+        plugins = sorted({str(c.plugin) for c in candidates})
+        if len(plugins) == 1:
+            return candidates[0]
+        wanted = self.preferences.get(_pref_key(domain, op_type))
+        for c in candidates:
+            if c.plugin == wanted:
+                return c
+        key = _pref_key(domain, op_type)
+        raise AmbiguousKernelError(
+            f"{len(plugins)} plugins provide the {what} {key} at equal priority: {', '.join(plugins)}. "
+            f"Choose one with {PREFER_ENV}='{key}={plugins[0]}' or registry.prefer({op_type!r}, {plugins[0]!r})"
+        )
+
+    def conflicts(self) -> list[str]:
+        """Human-readable list of unresolved op and kernel conflicts."""
+        found = []
+        for (domain, op_type), claims in sorted(self.ops.items()):
+            if len({c.plugin for c in claims}) > 1 and _pref_key(domain, op_type) not in self.preferences:
+                found.append(f"op {_pref_key(domain, op_type)} claimed by {sorted({str(c.plugin) for c in claims})}")
+        for (domain, op_type), kernels in sorted(self.kernels.items()):
+            seen: dict[tuple[int, str, int], set[str]] = {}
+            for k in kernels:
+                seen.setdefault((k.since, k.provider, k.priority), set()).add(str(k.plugin))
+            for (since, provider, prio), owners in seen.items():
+                if len(owners) > 1 and _pref_key(domain, op_type) not in self.preferences:
+                    found.append(
+                        f"kernel {_pref_key(domain, op_type)} since {since} ({provider}, priority {prio}) "
+                        f"from {sorted(owners)}"
+                    )
+        return found
+
+    # ---- registration --------------------------------------------------
+
+    def add(self, plugin: str, hook: str, items: Iterable[Any]) -> list[str]:
+        """Check and store records a plugin handed to ``register``; returns their labels."""
+        labels = []
+        for item in _flatten(items):
+            if hook == "register_ops":
+                rec = _expect(item, OpDef, plugin, hook)
+                rec = attrs.evolve(rec, plugin=plugin)
+                self.ops.setdefault(rec.key, []).append(rec)
+                labels.append(_pref_key(rec.domain, rec.op_type))
+            elif hook == "register_kernels":
+                rec = _expect(item, Kernel, plugin, hook)
+                rec = attrs.evolve(rec, plugin=plugin)
+                self.kernels.setdefault((rec.domain, rec.op_type), []).append(rec)
+                labels.append(f"{_pref_key(rec.domain, rec.op_type)}-{rec.since}")
+            elif hook == "register_passes":
+                from .passes import Pass
+
+                rec = attrs.evolve(_expect(item, Pass, plugin, hook), plugin=plugin)
+                self.passes.append(rec)
+                labels.append(rec.name)
+            else:
+                self.observers.append(item)
+                labels.append(type(item).__name__)
+        return labels
+
+
+def _pref_key(domain: str, op_type: str) -> str:
+    return f"{domain}::{op_type}" if domain else op_type
+
+
+def _env_preferences() -> dict[str, str]:
+    prefs = {}
+    for part in filter(None, os.environ.get(PREFER_ENV, "").split(",")):
+        key, _, plugin = part.partition("=")
+        prefs[key.strip()] = plugin.strip()
+    return prefs
+
+
+def _flatten(items: Iterable[Any]) -> Iterable[Any]:
+    for item in items:
+        if isinstance(item, (list, tuple)):
+            yield from _flatten(item)
+        else:
+            yield item
+
+
+def _expect(item: Any, cls: type, plugin: str, hook: str) -> Any:
+    if not isinstance(item, cls):
+        raise RegistrationError(f"plugin {plugin!r} passed {item!r} to {hook}'s register; expected a {cls.__name__}")
+    return item
+
+
+# ---- the plugin manager ----------------------------------------------------
+
+
+class PluginSet:
+    """A pluggy PluginManager plus load failures and the Registry built from it."""
+
+    def __init__(self, *, entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager("minfer")
+        self.pm.add_hookspecs(hookspecs)
+        self.failures: dict[str, str] = {}
+        self.dists: dict[str, tuple[str | None, str | None]] = {}
+        self._registry: Registry | None = None
+        if entry_points:
+            self._load_entry_points()
+
+    def _load_entry_points(self) -> None:
+        allow = {n.strip() for n in os.environ.get(ALLOW_ENV, "").split(",") if n.strip()} or None
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(ep, "dist", None)
+            name = dist.name if dist is not None else ep.name
+            if allow is not None and name not in allow and ep.name not in allow:
+                continue
+            self.dists[name] = (dist.name if dist else None, dist.version if dist else None)
+            try:
+                self.register(ep.load(), name)
+            except Exception as exc:  # a broken plugin must not take the others down
+                self._fail(name, exc)
+
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register a plugin object (module or instance); ``check_pending`` validates it."""
+        name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        try:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            if self.pm.is_registered(plugin):
+                self.pm.unregister(plugin)
+            raise PluginLoadError(f"plugin {name!r} has an invalid hook implementation: {exc}") from exc
+        self._registry = None
+        return name
+
+    def unregister(self, name: str) -> None:
+        self.pm.unregister(name=name)
+        self.failures.pop(name, None)
+        self._registry = None
+
+    def _fail(self, name: str, exc: BaseException) -> None:
+        self.failures[name] = f"{type(exc).__name__}: {exc}"
+        self._registry = None
+        if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+            raise PluginLoadError(f"plugin {name!r} failed to load: {self.failures[name]}") from exc
+
+    @property
+    def registry(self) -> Registry:
+        """The Registry, built on first use after any change."""
+        if self._registry is None:
+            self._registry = self._build_registry()
+        return self._registry
+
+    def _build_registry(self) -> Registry:
+        reg = Registry()
+        contributed: dict[str, dict[str, list[str]]] = {}
+        for hook in hookspecs.HOOK_NAMES:
+            for impl in getattr(self.pm.hook, hook).get_hookimpls():
+                name = self.pm.get_name(impl.plugin) or "?"
+                got = contributed.setdefault(name, {})
+                try:
+                    impl.function(register=_collector(reg, name, hook, got))
+                except Exception as exc:
+                    self._fail(name, exc)
+        for name in self.pm.list_name_plugin():
+            plugin_name = name[0]
+            got = contributed.get(plugin_name, {})
+            dist, version = self.dists.get(plugin_name, (None, None))
+            reg.plugins[plugin_name] = PluginInfo(
+                plugin_name,
+                dist,
+                version,
+                self.failures.get(plugin_name),
+                tuple(got.get("register_ops", ())),
+                tuple(got.get("register_kernels", ())),
+                tuple(got.get("register_passes", ())),
+            )
+        for name, error in self.failures.items():
+            if name not in reg.plugins:
+                dist, version = self.dists.get(name, (None, None))
+                reg.plugins[name] = PluginInfo(name, dist, version, error)
+        return reg
+
+
+def _collector(reg: Registry, plugin: str, hook: str, got: dict[str, list[str]]) -> Callable[..., None]:
+    def register(*items: Any) -> None:
+        got.setdefault(hook, []).extend(reg.add(plugin, hook, items))
+
+    return register
+
+
+_CURRENT: PluginSet | None = None
+
+
+def plugin_set() -> PluginSet:
+    """The process-wide PluginSet, loaded from entry points on first use."""
+    global _CURRENT
+    if _CURRENT is None:
+        _CURRENT = PluginSet()
+    return _CURRENT
+
+
+def get_registry() -> Registry:
+    """The process-wide Registry of ops, kernels, passes and observers."""
+    return plugin_set().registry
+
+
+class use_plugins:
+    """Register plugin objects in code: for a test (``with use_plugins(p): ...``) or a notebook.
+
+    Used without ``with``, the plugins stay registered until `close` is called.
+    """
+
+    def __init__(self, *plugins: object) -> None:
+        self._names = [plugin_set().register(p, _unique_name(p)) for p in plugins]
+
+    def close(self) -> None:
+        for name in self._names:
+            if plugin_set().pm.get_plugin(name) is not None:
+                plugin_set().unregister(name)
+        self._names = []
+
+    def __enter__(self) -> use_plugins:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _unique_name(plugin: object) -> str:
+    base = getattr(plugin, "__name__", None) or type(plugin).__name__
+    name, n = base, 1
+    while plugin_set().pm.get_plugin(name) is not None:
+        n += 1
+        name = f"{base}#{n}"
+    return name
+
+
+def provider_hint(domain: str, op_type: str) -> str | None:
+    """The distribution known to provide an op, for "what to install" messages."""
+    known = json.loads(resources.files("minfer_core").joinpath("known_ops.json").read_text())
+    for dist, ops in known.items():
+        if _pref_key(domain, op_type) in ops:
+            return dist
+    return None
