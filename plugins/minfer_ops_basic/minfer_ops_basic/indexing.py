@@ -1,4 +1,4 @@
-"""Kernels: indexing ops."""
+"""Kernels: indexing ops (Slice, Gather*, Scatter*, TensorScatter, Where, NonZero, Compress, ReverseSequence, Unique)."""
 
 from __future__ import annotations
 
@@ -6,4 +6,250 @@ import numpy as np
 
 from minfer_core import kernel
 
-KERNELS: list = []
+_INT64 = np.int64
+
+
+def _ints(v) -> list[int]:
+    return [int(i) for i in np.asarray(v).reshape(-1)]
+
+
+def _axis(axis: int, rank: int) -> int:
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
+# --- Slice ----------------------------------------------------------------------------
+
+
+def _bounds(start: int, end: int, step: int, dim: int) -> slice:
+    """One ONNX slice as a Python slice: negatives count from the back, then clamp."""
+    if step == 0:
+        raise ValueError("Slice step cannot be 0")
+    start = start + dim if start < 0 else start
+    end = end + dim if end < 0 else end
+    if step > 0:
+        return slice(min(max(start, 0), dim), min(max(end, 0), dim), step)
+    start = min(max(start, 0), dim - 1)
+    end = min(max(end, -1), dim - 1)
+    # For a negative step, -1 means "past the front", which Python spells None.
+    return slice(start, None if end < 0 else end, step)
+
+
+def _slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
+    starts, ends = _ints(starts), _ints(ends)
+    axes = list(range(len(starts))) if axes is None else [_axis(a, data.ndim) for a in _ints(axes)]
+    steps = [1] * len(starts) if steps is None else _ints(steps)
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"Slice axes {axes} repeat an axis")
+    index = [slice(None)] * data.ndim
+    for s, e, a, st in zip(starts, ends, axes, steps):
+        index[a] = _bounds(s, e, st, data.shape[a])
+    return data[tuple(index)]  # a strided view: no copy
+
+
+@kernel("Slice", since=1)
+def slice_1(data, *, ends, starts, axes=None):
+    """Slice-1: starts/ends/axes as attributes, step 1."""
+    return _slice(data, starts, ends, axes)
+
+
+@kernel("Slice", since=10)
+def slice_10(data, starts, ends, axes=None, steps=None):
+    """Slice-10..13: starts/ends/axes/steps as inputs; negative steps walk backwards."""
+    return _slice(data, starts, ends, axes, steps)
+
+
+# --- Gather family -----------------------------------------------------------------------
+
+
+@kernel("Gather", since=1)
+def gather(data, indices, *, axis=0):
+    """Gather-1/11/13: take entries along axis; negative indices count from the back."""
+    return np.asarray(np.take(data, np.asarray(indices), axis=_axis(axis, data.ndim)))
+
+
+def _element_index(indices: np.ndarray, axis: int) -> tuple:
+    """An index tuple addressing data at indices[...] along axis, elsewhere at indices' own position."""
+    grid = list(np.ogrid[tuple(slice(n) for n in indices.shape)])
+    grid[axis] = indices
+    return tuple(grid)
+
+
+@kernel("GatherElements", since=11)
+def gather_elements(data, indices, *, axis=0):
+    """GatherElements-11/13: out[i][j] = data[indices[i][j]][j] (for axis 0)."""
+    return data[_element_index(np.asarray(indices), _axis(axis, data.ndim))]
+
+
+def _gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.ndarray:
+    batch, k = data.shape[:batch_dims], indices.shape[-1]
+    inner = indices.shape[batch_dims:-1]
+    nb, m = int(np.prod(batch, dtype=_INT64)), int(np.prod(inner, dtype=_INT64))
+    flat_data = data.reshape((nb,) + data.shape[batch_dims:])
+    flat_idx = indices.reshape(nb, m, k)
+    # Pair every index tuple with its batch row; numpy wraps negative indices as ONNX does.
+    rows = np.broadcast_to(np.arange(nb)[:, None], (nb, m))
+    out = flat_data[(rows,) + tuple(flat_idx[..., j] for j in range(k))]
+    return out.reshape(batch + inner + data.shape[batch_dims + k :])
+
+
+@kernel("GatherND", since=11)
+def gather_nd_11(data, indices):
+    """GatherND-11: index tuples in the last dim of indices select slices of data."""
+    return _gather_nd(data, np.asarray(indices), 0)
+
+
+@kernel("GatherND", since=12)
+def gather_nd_12(data, indices, *, batch_dims=0):
+    """GatherND-12/13: the leading batch_dims dims of data and indices are paired."""
+    return _gather_nd(data, np.asarray(indices), batch_dims)
+
+
+# --- Scatter family -----------------------------------------------------------------------
+
+# Duplicate indices accumulate through ufunc.at; plain assignment keeps the last write.
+_REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+
+
+def _scatter_into(data: np.ndarray, index: tuple, updates: np.ndarray, reduction: str) -> np.ndarray:
+    out = data.copy()
+    if reduction == "none":
+        out[index] = updates
+    elif reduction in _REDUCE:
+        _REDUCE[reduction].at(out, index, updates)
+    else:
+        raise ValueError(f"reduction {reduction!r} is not one of none, {', '.join(_REDUCE)}")
+    return out
+
+
+def _scatter_elements(data, indices, updates, axis: int, reduction: str = "none") -> np.ndarray:
+    index = _element_index(np.asarray(indices), _axis(axis, data.ndim))
+    return _scatter_into(data, index, updates, reduction)
+
+
+@kernel("Scatter", since=9)
+def scatter(data, indices, updates, *, axis=0):
+    """Scatter-9/11 (deprecated alias of ScatterElements): write updates at indices along axis."""
+    return _scatter_elements(data, indices, updates, axis)
+
+
+@kernel("ScatterElements", since=11)
+def scatter_elements_11(data, indices, updates, *, axis=0):
+    """ScatterElements-11/13: write updates at indices along axis."""
+    return _scatter_elements(data, indices, updates, axis)
+
+
+@kernel("ScatterElements", since=16)
+def scatter_elements_16(data, indices, updates, *, reduction="none", axis=0):
+    """ScatterElements-16/18: combine with none/add/mul (16) and max/min (18)."""
+    return _scatter_elements(data, indices, updates, axis, reduction)
+
+
+def _scatter_nd(data, indices, updates, reduction: str = "none") -> np.ndarray:
+    indices = np.asarray(indices)
+    index = tuple(indices[..., j] for j in range(indices.shape[-1]))
+    return _scatter_into(data, index, updates, reduction)
+
+
+@kernel("ScatterND", since=11)
+def scatter_nd_11(data, indices, updates):
+    """ScatterND-11/13: write update slices at the index tuples in indices' last dim."""
+    return _scatter_nd(data, indices, updates)
+
+
+@kernel("ScatterND", since=16)
+def scatter_nd_16(data, indices, updates, *, reduction="none"):
+    """ScatterND-16/18: combine with none/add/mul (16) and max/min (18)."""
+    return _scatter_nd(data, indices, updates, reduction)
+
+
+@kernel("TensorScatter", since=24)
+def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+    """TensorScatter-24: write update into a copy of the cache at per-batch sequence offsets."""
+    if mode not in ("linear", "circular"):
+        raise ValueError(f"TensorScatter mode {mode!r} is not linear or circular")
+    axis = _axis(axis, past_cache.ndim)
+    if axis == 0:
+        raise ValueError("TensorScatter axis cannot be the batch axis 0")
+    batch, capacity, length = past_cache.shape[0], past_cache.shape[axis], update.shape[axis]
+    starts = np.zeros(batch, _INT64) if write_indices is None else np.asarray(write_indices, _INT64).reshape(-1)
+    out = past_cache.copy()
+    for b in range(batch):  # batch is small; each step is one vectorized slab write
+        pos = starts[b] + np.arange(length)
+        if mode == "circular":
+            pos %= capacity
+        np.moveaxis(out[b], axis - 1, 0)[pos] = np.moveaxis(update[b], axis - 1, 0)
+    return out
+
+
+# --- Selection ------------------------------------------------------------------------------
+
+
+@kernel("Where", since=9)
+def where(condition, X, Y):
+    """Where-9/16: elementwise choice with multidirectional broadcasting."""
+    return np.asarray(np.where(condition, X, Y))
+
+
+@kernel("NonZero", since=9)
+def non_zero(X):
+    """NonZero-9/13: int64 [rank, count] coordinates of nonzero entries, row-major."""
+    if X.ndim == 0:  # numpy refuses 0-d input; a scalar has rank 0 and 0 or 1 hits
+        return np.zeros((0, int(bool(X))), _INT64)
+    return np.asarray(np.nonzero(X), dtype=_INT64).reshape(X.ndim, -1)
+
+
+@kernel("Compress", since=9)
+def compress(input, condition, *, axis=None):
+    """Compress-9/11/28: keep slices along axis (or flattened elements) where condition is true."""
+    cond = np.asarray(condition).astype(bool).reshape(-1)
+    return np.compress(cond, input, axis=None if axis is None else _axis(axis, input.ndim))
+
+
+@kernel("ReverseSequence", since=10)
+def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
+    """ReverseSequence-10/28: reverse the first sequence_lens[b] steps of each batch entry."""
+    x = np.moveaxis(input, (batch_axis, time_axis), (0, 1))
+    lens = np.asarray(sequence_lens, _INT64).reshape(-1, 1)
+    t = np.arange(x.shape[1])
+    source = np.where(t < lens, lens - 1 - t, t)
+    out = x[np.arange(x.shape[0])[:, None], source]
+    return np.ascontiguousarray(np.moveaxis(out, (0, 1), (batch_axis, time_axis)))
+
+
+@kernel("Unique", since=11)
+def unique(X, *, axis=None, sorted=1):
+    """Unique-11/28: unique values (or slices along axis), first indices, inverse, counts."""
+    ax = None if axis is None else _axis(axis, X.ndim)
+    y, first, inverse, counts = np.unique(X, return_index=True, return_inverse=True, return_counts=True, axis=ax)
+    inverse = inverse.reshape(-1)
+    if not sorted:
+        # Reorder by first occurrence and remap inverse onto the new positions.
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(order.size)
+        y = np.take(y, order, axis=0 if ax is None else ax)
+        first, counts, inverse = first[order], counts[order], rank[inverse]
+    return y, first.astype(_INT64), inverse.astype(_INT64), counts.astype(_INT64)
+
+
+KERNELS = [
+    slice_1,
+    slice_10,
+    gather,
+    gather_elements,
+    gather_nd_11,
+    gather_nd_12,
+    scatter,
+    scatter_elements_11,
+    scatter_elements_16,
+    scatter_nd_11,
+    scatter_nd_16,
+    tensor_scatter,
+    where,
+    non_zero,
+    compress,
+    reverse_sequence,
+    unique,
+]
