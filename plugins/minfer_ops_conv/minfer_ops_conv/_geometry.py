@@ -56,8 +56,12 @@ def window(
     pads: Sequence[int] | None = None,
     auto_pad: str = "NOTSET",
     ceil_mode: int = 0,
+    clamp_same: bool = False,
 ) -> Window:
-    """Resolve pads and output size the way onnxruntime does for Conv and the pools."""
+    """Resolve pads and output size the way onnxruntime does for Conv and the pools.
+
+    ``clamp_same``: Conv never pads SAME by a negative amount; the pools do.
+    """
     n = len(in_shape)
     strides = _ints(strides, n, 1)
     dilations = _ints(dilations, n, 1)
@@ -65,10 +69,15 @@ def window(
     span = [(k - 1) * d + 1 for k, d in zip(kernel, dilations)]
     if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
         out = [math.ceil(i / s) for i, s in zip(in_shape, strides)]
-        total = [max(0, (o - 1) * s + e - i) for o, s, e, i in zip(out, strides, span, in_shape)]
-        small = [t // 2 for t in total]
-        big = [t - t // 2 for t in total]
-        begin, end = (small, big) if auto_pad == "SAME_UPPER" else (big, small)
+        # negative when stride > kernel: onnxruntime then skips leading cells, and so do we
+        total = [(o - 1) * s + e - i for o, s, e, i in zip(out, strides, span, in_shape)]
+        if clamp_same:
+            total = [max(0, t) for t in total]
+        # C-style truncating halves, as onnxruntime computes them (matters for negative totals)
+        upper = [int(t / 2) for t in total]
+        lower = [int((t + 1) / 2) for t in total]
+        begin = upper if auto_pad == "SAME_UPPER" else lower
+        end = [t - b for t, b in zip(total, begin)]
     else:
         if auto_pad == "VALID":
             pads = None
@@ -93,6 +102,13 @@ def pad(x: np.ndarray, w: Window, value: float = 0.0) -> np.ndarray:
     if not w.padded:
         return x
     lead = x.ndim - len(w.in_shape)
+    if any(b < 0 for b in w.begin) or any(e < 0 for e in w.end):
+        crop = tuple(slice(max(0, -b), i - max(0, -e)) for b, e, i in zip(w.begin, w.end, w.in_shape))
+        x = x[(slice(None),) * lead + crop]
+        w = attrs.evolve(w, in_shape=x.shape[lead:], begin=tuple(max(0, b) for b in w.begin),
+                         end=tuple(max(0, e) for e in w.end))
+        if not w.padded:
+            return x
     shape = x.shape[:lead] + tuple(i + b + e for i, b, e in zip(w.in_shape, w.begin, w.end))
     out = np.full(shape, value, dtype=x.dtype)
     inner = (slice(None),) * lead + tuple(slice(b, b + i) for b, i in zip(w.begin, w.in_shape))

@@ -113,7 +113,8 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         key = x.shape[1:]
         plan = plans.get(key)
         if plan is None:
-            win = geo.window(x.shape[2:], p.kernel, strides=strides, dilations=dilations, pads=pads, auto_pad=auto_pad)
+            win = geo.window(x.shape[2:], p.kernel, strides=strides, dilations=dilations, pads=pads, auto_pad=auto_pad,
+                             clamp_same=True)
             plan = plans[key] = plan_for(win, p, x.shape[1])
         y = plan(x, p)
         if b is not None:
