@@ -24,9 +24,14 @@ def arr(value: Any, dtype: Any = None) -> np.ndarray:
     return out if dtype is None or out.dtype == dtype else out.astype(dtype)
 
 
+def is_exotic(dtype: np.dtype) -> bool:
+    """A dtype registered by ml_dtypes (bfloat16, float8, int4...); numpy gives them odd kinds."""
+    return dtype.isbuiltin == 2
+
+
 def as_float(x: np.ndarray) -> np.ndarray:
     """x in a dtype numpy computes well: ml_dtypes types (bfloat16, float8, int4) widen."""
-    if x.dtype.kind != "V":
+    if not is_exotic(x.dtype):
         return x
     return x.astype(np.int32 if "int" in x.dtype.name else np.float32)
 

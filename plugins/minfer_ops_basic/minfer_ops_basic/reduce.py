@@ -8,14 +8,14 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr
+from .elementwise import arr, is_exotic
 
 Reducer = Callable[[np.ndarray, Any, bool], np.ndarray]
 
 
 def _acc(x: np.ndarray) -> np.dtype:
     """Accumulation dtype: half floats and ml_dtypes floats sum in float32, others in their own dtype."""
-    if x.dtype.kind == "V" or (x.dtype.kind == "f" and x.dtype.itemsize < 4):
+    if is_exotic(x.dtype) or (x.dtype.kind == "f" and x.dtype.itemsize < 4):
         return np.dtype(np.float32)
     return x.dtype
 
