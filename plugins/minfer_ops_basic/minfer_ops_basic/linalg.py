@@ -1,9 +1,118 @@
-"""Kernels: linalg ops."""
+"""Kernels: MatMul, Gemm, Einsum, Det, MatMulInteger."""
 
 from __future__ import annotations
+
+from typing import Any, Callable
 
 import numpy as np
 
 from minfer_core import kernel
 
-KERNELS: list = []
+from .elementwise import arr, is_exotic
+
+
+def _blas(x: np.ndarray) -> np.ndarray:
+    """numpy has no BLAS path for half floats (and none at all for ml_dtypes): use float32."""
+    if is_exotic(x.dtype) or (x.dtype.kind == "f" and x.dtype.itemsize < 4):
+        return x.astype(np.float32)
+    return x
+
+
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """numpy.matmul semantics (1-D promotion, batch broadcasting) in a's dtype."""
+    return arr(np.matmul(_blas(a), _blas(b)), a.dtype)
+
+
+@kernel("MatMul", since=1)
+def matmul_1(a, b):
+    """MatMul-1: numpy-style matrix product with batch broadcasting."""
+    return matmul(a, b)
+
+
+# --- Gemm --------------------------------------------------------------------
+
+
+def _scaled(value: np.ndarray, factor: float) -> np.ndarray:
+    """value * factor in value's dtype, skipping the pass when factor is 1."""
+    if factor == 1.0:
+        return value
+    return value * np.asarray(factor, dtype=value.dtype)
+
+
+def _gemm(ctx: Any, alpha: float, beta: float, trans_a: int, trans_b: int) -> Callable[..., np.ndarray]:
+    """Y = alpha * A' @ B' + beta * C, with a constant B (and C) scaled and laid out once."""
+    b_const = ctx.constants[1] if len(ctx.constants) > 1 else None
+    c_const = ctx.constants[2] if len(ctx.constants) > 2 else None
+    if b_const is not None:
+        b_const = _blas(b_const)
+        b_const = np.ascontiguousarray(_scaled(b_const.T if trans_b else b_const, alpha))
+    c_const = None if c_const is None else _scaled(_blas(c_const), beta)
+
+    def run(a, b, c=None):
+        out_dtype = a.dtype
+        a = _blas(a)
+        if trans_a:
+            a = a.T
+        if b_const is not None:
+            y = a @ b_const
+        else:
+            b = _blas(b)
+            y = _scaled(a @ (b.T if trans_b else b), alpha)
+        if c_const is not None:
+            y = y + c_const
+        elif c is not None and beta != 0:
+            y = y + _scaled(_blas(c), beta)
+        return arr(y, out_dtype)
+
+    return run
+
+
+@kernel("Gemm", since=7, prepare=True)
+def gemm(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):
+    """Gemm-7: alpha * A' @ B' + beta * C, C broadcast to (M, N) and optional from 11."""
+    return _gemm(ctx, alpha, beta, transA, transB)
+
+
+@kernel("Gemm", since=1, prepare=True)
+def gemm_1(ctx, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
+    """Gemm-1: as Gemm-7; numpy broadcasting of C also covers the ``broadcast`` flag."""
+    return _gemm(ctx, alpha, beta, transA, transB)
+
+
+# --- the rest ----------------------------------------------------------------
+
+
+@kernel("Einsum", since=12)
+def einsum(*inputs, equation):
+    """Einsum-12: Einstein summation; numpy's contraction order search picks BLAS paths."""
+    eq = equation.replace(" ", "")
+    xs = [_blas(x) for x in inputs]
+    return arr(np.einsum(eq, *xs, optimize=len(xs) > 1), inputs[0].dtype)
+
+
+@kernel("Det", since=11)
+def det(x):
+    """Det-11: determinant of each square matrix in the trailing two dims."""
+    return arr(np.linalg.det(_blas(x)), x.dtype)
+
+
+def _centered(x: np.ndarray, zero_point: np.ndarray | None, per_row: bool) -> np.ndarray:
+    """x - zero_point in float64; a 1-D zero point of A is per row, of B per column."""
+    v = x.astype(np.float64)
+    if zero_point is None:
+        return v
+    zp = np.asarray(zero_point, dtype=np.float64)
+    if per_row and zp.ndim == 1:
+        zp = zp.reshape(-1, 1)
+    return v - zp
+
+
+@kernel("MatMulInteger", since=10)
+def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+    """MatMulInteger-10: (A - a_zp) @ (B - b_zp) accumulated exactly, as int32."""
+    # float64 holds every int8*int8 partial sum exactly for K < 2**37, and gets BLAS speed
+    y = np.matmul(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    return arr(np.rint(y), np.int32)
+
+
+KERNELS: list = [matmul_1, gemm, gemm_1, einsum, det, matmul_integer]
