@@ -1,0 +1,268 @@
+"""minfer-ops-basic tensor kernels, part 2: indexing, selection (TopK, NMS) and signal ops.
+
+Rules are checked on the kernels directly and, where a reference helps, the
+same single-node model is run by minfer's backend and by onnxruntime.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import helper
+
+from minfer_ops_basic import detection, indexing, signal
+
+ort = pytest.importorskip("onnxruntime")
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+KERNELS = indexing.KERNELS + detection.KERNELS + signal.KERNELS
+
+
+def call(op_type, opset, *inputs, **attrs):
+    """Call the kernel the engine would pick for this opset."""
+    k = max((k for k in KERNELS if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
+    return k.fn(*inputs, **attrs)
+
+
+def assert_matches_ort(op_type, opset, inputs, attrs=None, num_outputs=1, rtol=1e-5, atol=1e-6):
+    """minfer's backend and onnxruntime agree on every output of one node (dtype, shape, values)."""
+    from minfer_core import backend
+
+    names = ["" if x is None else f"i{i}" for i, x in enumerate(inputs)]
+    node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], **(attrs or {}))
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for n, x in zip(names, inputs) if n]
+    outs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10  # onnxruntime refuses the IR version onnx 1.23 stamps
+    feeds = {n: x for n, x in zip(names, inputs) if n}
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = backend.prepare(model).run(feeds)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+
+
+def i64(*v):
+    return np.array(v, np.int64)
+
+
+X = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+
+
+# --- Slice ------------------------------------------------------------------------------------
+
+
+def test_slice_negative_step_walks_backwards_to_the_front():
+    """Slice with step -1 and an end below -dim runs to index 0 inclusive."""
+    out = call("Slice", 13, X, i64(-1), i64(-1000), i64(2), i64(-1))
+    assert np.array_equal(out, X[:, :, ::-1])
+
+
+def test_slice_clamps_out_of_range_starts_and_ends():
+    """Slice clamps starts/ends to the axis (INT64 extremes included) instead of failing."""
+    big = np.iinfo(np.int64)
+    out = call("Slice", 13, X, i64(1, big.min), i64(big.max, 2), i64(0, -1))
+    assert np.array_equal(out, X[1:, :, :2])
+    assert call("Slice", 13, X, i64(10), i64(20), i64(1)).shape == (3, 0, 5)
+
+
+def test_slice_is_a_view():
+    """Slice returns a strided view of its input, not a copy."""
+    assert np.shares_memory(call("Slice", 13, X, i64(0), i64(2), i64(2), i64(2)), X)
+
+
+def test_slice_1_uses_attributes():
+    """Slice-1 reads starts/ends/axes from attributes."""
+    assert np.array_equal(call("Slice", 1, X, starts=[1], ends=[-1], axes=[1]), X[:, 1:-1])
+
+
+@st.composite
+def slice_cases(draw):
+    """A random tensor, a subset of its axes, and starts/ends/steps that overshoot both ways."""
+    dims = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=6))
+    axes = draw(st.lists(st.integers(-len(dims), len(dims) - 1), min_size=1, max_size=len(dims), unique_by=lambda a: a % len(dims)))
+    bound = st.integers(-8, 8) | st.sampled_from([2**62, -(2**62)])
+    starts = [draw(bound) for _ in axes]
+    ends = [draw(bound) for _ in axes]
+    steps = [draw(st.sampled_from([1, 2, 3, -1, -2])) for _ in axes]
+    x = np.arange(int(np.prod(dims)), dtype=np.float32).reshape(dims)
+    return x, i64(*starts), i64(*ends), i64(*axes), i64(*steps)
+
+
+@SETTINGS
+@given(slice_cases())
+def test_slice_matches_onnxruntime(case):
+    """Slice with negative axes/steps and out-of-range bounds agrees with onnxruntime."""
+    assert_matches_ort("Slice", 13, list(case))
+
+
+# --- Gather / Scatter ---------------------------------------------------------------------------
+
+
+def test_gather_negative_indices_count_from_the_back():
+    """Gather index -1 selects the last entry along the axis; a 0-d index drops the axis."""
+    assert np.array_equal(call("Gather", 13, X, i64(-1, 0), axis=1), X[:, [3, 0]])
+    out = call("Gather", 13, np.arange(5), np.array(-2, np.int64))
+    assert type(out) is np.ndarray and out.shape == () and out == 3
+
+
+def test_gather_elements_indices_smaller_than_data():
+    """GatherElements: output takes indices' shape, which may be smaller than data's."""
+    idx = np.array([[0, -1], [1, 0]], np.int64)
+    assert call("GatherElements", 13, X[0], idx, axis=1).tolist() == [[0, 4], [6, 5]]
+
+
+def test_gather_nd_batch_dims_pairs_leading_dims():
+    """GatherND batch_dims=1: each batch entry indexes only its own slice."""
+    out = call("GatherND", 13, X, np.array([[[1, 2]], [[3, -1]], [[0, 0]]], np.int64), batch_dims=1)
+    assert out.tolist() == [[X[0, 1, 2]], [X[1, 3, 4]], [X[2, 0, 0]]]
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_elements_reductions_match_onnxruntime(reduction):
+    """ScatterElements-18 reductions combine duplicate indices like onnxruntime."""
+    data = np.arange(12, dtype=np.float32).reshape(3, 4)
+    idx = np.array([[1, 1, -1], [0, 3, 3]], np.int64) if reduction != "none" else np.array([[1, 2, -1], [0, 3, 2]], np.int64)
+    upd = np.array([[2, 3, 4], [5, 6, 7]], np.float32)
+    assert_matches_ort("ScatterElements", 18, [data, idx, upd], {"axis": 1, "reduction": reduction})
+
+
+@pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
+def test_scatter_nd_reductions_match_onnxruntime(reduction):
+    """ScatterND-18 writes or combines whole slices at index tuples like onnxruntime."""
+    idx = np.array([[0, 1], [2, 3]], np.int64) if reduction == "none" else np.array([[0, 1], [0, 1], [2, 3]], np.int64)
+    upd = np.arange(idx.shape[0] * 5, dtype=np.float32).reshape(-1, 5)
+    assert_matches_ort("ScatterND", 18, [X, idx, upd], {"reduction": reduction})
+
+
+def test_scatter_never_writes_its_input():
+    """Scatter kernels return a new array and leave data untouched."""
+    data = X.copy()
+    call("ScatterND", 18, data, i64(0).reshape(1, 1), np.zeros((1, 4, 5), np.float32), reduction="add")
+    call("ScatterElements", 18, data, np.zeros((1, 1, 1), np.int64), np.ones((1, 1, 1), np.float32))
+    assert np.array_equal(data, X)
+
+
+@pytest.mark.parametrize("mode", ["linear", "circular"])
+def test_tensor_scatter_writes_at_per_batch_offsets(mode):
+    """TensorScatter writes each batch's update at its own sequence offset (wrapping when circular)."""
+    cache = np.zeros((2, 1, 4, 2), np.float32)
+    update = np.ones((2, 1, 2, 2), np.float32)
+    out = call("TensorScatter", 24, cache, update, i64(0, 3 if mode == "circular" else 2), mode=mode)
+    assert out[0, 0, :, 0].tolist() == [1, 1, 0, 0]
+    assert out[1, 0, :, 0].tolist() == ([1, 0, 0, 1] if mode == "circular" else [0, 0, 1, 1])
+    assert not cache.any()
+
+
+# --- Selection -----------------------------------------------------------------------------------
+
+
+def test_nonzero_is_int64_rank_by_count():
+    """NonZero returns int64 coordinates shaped [rank, count], also for no hits."""
+    out = call("NonZero", 13, np.array([[0, 2], [3, 0]]))
+    assert out.dtype == np.int64 and out.tolist() == [[0, 1], [1, 0]]
+    assert call("NonZero", 13, np.zeros((2, 3))).shape == (2, 0)
+
+
+def test_unique_unsorted_keeps_first_occurrence_order():
+    """Unique sorted=0 lists values by first occurrence, with matching indices, inverse and counts."""
+    y, first, inverse, counts = call("Unique", 11, np.array([2, 1, 1, 3, 4, 3]), sorted=0)
+    assert (y.tolist(), first.tolist(), inverse.tolist(), counts.tolist()) == ([2, 1, 3, 4], [0, 1, 3, 4], [0, 1, 1, 2, 3, 2], [1, 2, 2, 1])
+    assert first.dtype == inverse.dtype == counts.dtype == np.int64
+
+
+def test_unique_along_axis_sorts_slices():
+    """Unique with axis compares whole slices along that axis."""
+    y, first, inverse, counts = call("Unique", 11, np.array([[1, 0, 0], [1, 0, 0], [2, 3, 4]]), axis=0)
+    assert y.tolist() == [[1, 0, 0], [2, 3, 4]] and inverse.tolist() == [0, 0, 1] and counts.tolist() == [2, 1]
+
+
+def test_topk_ties_prefer_the_lower_index():
+    """TopK breaks ties by lower index, for largest and smallest, on unsigned input too."""
+    x = np.array([[3, 1, 3, 2, 1]], np.uint8)
+    values, indices = call("TopK", 11, x, i64(3))
+    assert values.tolist() == [[3, 3, 2]] and indices.tolist() == [[0, 2, 3]]
+    values, indices = call("TopK", 11, x, i64(2), largest=0)
+    assert indices.tolist() == [[1, 4]] and indices.dtype == np.int64
+
+
+@SETTINGS
+@given(hnp.arrays(np.float32, hnp.array_shapes(min_dims=1, max_dims=3, min_side=1, max_side=6), elements=st.integers(-3, 3).map(float)), st.data())
+def test_topk_matches_onnxruntime(x, data):
+    """TopK (many ties) agrees with onnxruntime for random axis, k and largest."""
+    axis = data.draw(st.integers(-x.ndim, x.ndim - 1))
+    k = data.draw(st.integers(0, x.shape[axis]))
+    attrs = {"axis": axis, "largest": data.draw(st.sampled_from([0, 1]))}
+    assert_matches_ort("TopK", 11, [x, i64(k)], attrs, num_outputs=2)
+
+
+def test_compress_and_where_and_reverse_sequence():
+    """Compress keeps condition-true slices; Where broadcasts; ReverseSequence reverses per-batch prefixes."""
+    assert call("Compress", 11, X, np.array([False, True]), axis=1).shape == (3, 1, 5)
+    assert call("Compress", 11, X, np.array([True, False, True])).tolist() == [0, 2]
+    assert call("Where", 16, np.array([True, False]), np.float32(1).reshape(()), np.zeros((3, 1), np.float32)).shape == (3, 2)
+    x = np.arange(8).reshape(4, 2)  # time x batch
+    assert call("ReverseSequence", 10, x, i64(4, 1)).tolist() == [[6, 1], [4, 3], [2, 5], [0, 7]]
+
+
+@st.composite
+def nms_cases(draw):
+    """Random boxes (either corner order or center form), scores with ties, thresholds."""
+    n, classes = draw(st.integers(1, 12)), draw(st.integers(1, 3))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    boxes = rng.integers(0, 10, size=(2, n, 4)).astype(np.float32)
+    scores = rng.integers(0, 5, size=(2, classes, n)).astype(np.float32) / 4
+    inputs = [boxes, scores, i64(draw(st.integers(0, n + 1))), np.array([draw(st.sampled_from([0.0, 0.3, 0.5, 0.9]))], np.float32)]
+    if draw(st.booleans()):
+        inputs.append(np.array([0.4], np.float32))
+    return inputs, {"center_point_box": draw(st.sampled_from([0, 1]))}
+
+
+@SETTINGS
+@given(nms_cases())
+def test_nms_matches_onnxruntime(case):
+    """NonMaxSuppression agrees with onnxruntime on random boxes, score ties and thresholds."""
+    inputs, attrs = case
+    assert_matches_ort("NonMaxSuppression", 11, inputs, attrs)
+
+
+# --- Signal ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("exclusive", [0, 1])
+@pytest.mark.parametrize("reverse", [0, 1])
+@pytest.mark.parametrize("dtype", [np.float32, np.int32])
+def test_cumsum_matches_onnxruntime(exclusive, reverse, dtype):
+    """CumSum exclusive/reverse along a negative axis agrees with onnxruntime and keeps the dtype."""
+    x = np.arange(24).reshape(2, 3, 4).astype(dtype)
+    assert_matches_ort("CumSum", 14, [x, np.array(-2, np.int32)], {"exclusive": exclusive, "reverse": reverse})
+
+
+def test_cumprod_exclusive_reverse():
+    """CumProd exclusive+reverse: each entry is the product of what follows it."""
+    assert call("CumProd", 26, np.array([1, 2, 3, 4], np.int64), np.array(0), exclusive=1, reverse=1).tolist() == [24, 12, 4, 1]
+
+
+@pytest.mark.parametrize("onesided", [0, 1])
+@pytest.mark.parametrize("inverse", [0, 1])
+def test_dft_20_matches_onnxruntime(onesided, inverse):
+    """DFT-20 (axis input) forward/inverse, full/one-sided agrees with onnxruntime."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 5, 2 if inverse else 1)).astype(np.float32)
+    if inverse and onesided:
+        x = x[:, :4]  # a half spectrum of a length-6 signal
+    assert_matches_ort("DFT", 20, [x, None, np.array(1, np.int64)], {"onesided": onesided, "inverse": inverse}, atol=1e-4, rtol=1e-4)
+
+
+def test_stft_frames_and_windows():
+    """STFT frames = (length - frame_length) // step + 1, one-sided bins = frame_length // 2 + 1."""
+    signal_ = np.random.default_rng(2).standard_normal((1, 32, 1)).astype(np.float32)
+    window = call("HannWindow", 17, np.array(8, np.int64))
+    out = call("STFT", 17, signal_, i64(4), window)
+    assert out.shape == (1, 7, 5, 2) and out.dtype == np.float32
+    frame = signal_[0, 4:12, 0] * window
+    np.testing.assert_allclose(out[0, 1, :, 0] + 1j * out[0, 1, :, 1], np.fft.rfft(frame), rtol=1e-4, atol=1e-4)
