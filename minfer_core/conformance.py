@@ -68,10 +68,17 @@ def run_case(case: Case) -> None:
 
     rep = backend.prepare(case.proto)
     for inputs, expected in case.data_sets:
-        got = rep.run(list(inputs))
+        got = rep.run([_array(x) for x in inputs])
+        expected = [_array(x) for x in expected]
         assert len(got) >= len(expected), f"{case.name}: {len(got)} outputs, expected {len(expected)}"
         for i, (g, e) in enumerate(zip(got, expected)):
             assert_similar(g, e, case.rtol, case.atol, f"{case.name} output {i}")
+
+
+def _array(value: Any) -> Any:
+    if isinstance(value, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(value)
+    return value
 
 
 def assert_similar(got: Any, expected: Any, rtol: float, atol: float, what: str) -> None:
@@ -121,3 +128,16 @@ def _owner(reg: Any, domain: str, op_type: str) -> str:
     if claims:
         return ",".join(sorted({str(c.plugin) for c in claims}))
     return "(function body)" if onnx.defs.has(op_type, domain) and onnx.defs.get_schema(op_type, domain=domain).has_function else "-"
+
+
+def format_table(table: dict[str, dict[str, Any]], *, failures: bool = False) -> str:
+    """The coverage table as Markdown, with totals over claimed and all ops."""
+    lines = ["| op type | provided by | passed / total |", "|---|---|---|"]
+    passed = total = 0
+    for op_type, row in sorted(table.items()):
+        lines.append(f"| {op_type} | {row['plugin']} | {row['passed']} / {row['total']} |")
+        passed, total = passed + row["passed"], total + row["total"]
+        if failures:
+            lines.extend(f"|  | {name} | {why.splitlines()[0] if why else ''} |" for name, why in row["failed"])
+    lines.append(f"| **all** | | **{passed} / {total}** |")
+    return "\n".join(lines)

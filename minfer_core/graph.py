@@ -238,7 +238,7 @@ class Graph:
             raise InvalidGraphError(f"graph {self.name!r} declares input(s) {sorted(dup_inputs)} more than once")
         for node in self.nodes:
             for out in node.outputs:
-                if out in known and out not in self._producer:
+                if out in known:
                     raise InvalidGraphError(f"{node.label} outputs {out!r}, which is already a graph input or initializer")
         produced = set(self._producer)
         for node in self.nodes:

@@ -330,6 +330,8 @@ def _make_attribute(key: str, value: Any, kind: int | None, opsets: dict[str, in
         return helper.make_attribute(key, _dense_to_sparse(np.asarray(value)))
     if isinstance(value, np.ndarray):
         return helper.make_attribute(key, numpy_helper.from_array(value))
+    if isinstance(value, list) and value and isinstance(value[0], np.ndarray):
+        return helper.make_attribute(key, [numpy_helper.from_array(v) for v in value])
     if isinstance(value, list) and not value:
         return helper.make_attribute(key, [], attr_type=AttributeProto.INTS)
     return helper.make_attribute(key, value)
