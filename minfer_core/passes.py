@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 
 from .graph import Graph
 
 LEVELS = ("basic", "extended", "all")
+"""Pipeline levels, cheapest first; a level includes every level before it ("none" selects nothing)."""
+
+ROLES = ("optimize", "portable")
+"""``optimize`` passes run in the level pipelines; ``portable`` passes lower minfer-only nodes
+back to standard ONNX ops (``minfer optimize --portable``) and never run in a level."""
 
 
 @attrs.frozen
@@ -16,9 +21,17 @@ class Pass:
     """A named graph rewrite: ``fn(graph) -> bool`` (whether it changed the graph).
 
     ``level`` places it in the basic / extended / all pipelines; ``after`` and
-    ``before`` order it against other passes by name; ``requires`` names passes
-    that must be present. ``rtol``/``atol`` state how far it may move outputs
-    (the property suite enforces it).
+    ``before`` order it against other passes by name (ignored when the other
+    pass is not selected); ``requires`` names passes that must run before it
+    (the pass manager pulls them in, or fails when they are not installed).
+    ``rtol``/``atol`` state how far it may move float outputs (the property
+    suite enforces it; integer outputs must stay exact).
+
+    ``patterns`` is an optional zero-argument callable returning a hypothesis
+    strategy of `Graph` objects that contain the pass's target pattern in random
+    context; the property suite (`minfer_core.testing`) draws from it to check
+    that the pass fires where it must, keeps outputs, and is idempotent.
+    ``role`` is ``"optimize"`` or ``"portable"`` (see `ROLES`).
     """
 
     name: str
@@ -30,12 +43,28 @@ class Pass:
     rtol: float = 1e-5
     atol: float = 1e-6
     doc: str = ""
+    patterns: Callable[[], Any] | None = attrs.field(default=None, eq=False)
+    role: str = attrs.field(default="optimize", validator=attrs.validators.in_(ROLES))
     plugin: str | None = attrs.field(default=None, eq=False)
+
+    def __call__(self, graph: Graph) -> bool:
+        return bool(self.fn(graph))
+
+    @property
+    def summary(self) -> str:
+        """The first line of the pass's documentation."""
+        text = self.doc or getattr(self.fn, "__doc__", None) or ""
+        return text.strip().splitlines()[0] if text.strip() else ""
 
 
 @attrs.frozen
 class PassResult:
-    """What one pass did to a graph."""
+    """What one application of a pass did to a graph.
+
+    ``removed`` and ``added`` name the nodes (by name, else by op type) that
+    left or entered the graph; a fusion shows as its parts removed and the
+    fused node added. ``round`` is the fixed-point iteration it ran in (from 1).
+    """
 
     name: str
     changed: bool
@@ -43,3 +72,13 @@ class PassResult:
     nodes_after: int
     removed: tuple[str, ...] = ()
     added: tuple[str, ...] = ()
+    round: int = 1
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """One line for a report: ``name: 120 -> 98 nodes (-22), fused/removed ...``."""
+        delta = self.nodes_after - self.nodes_before
+        line = f"{self.name} (round {self.round}): {self.nodes_before} -> {self.nodes_after} nodes ({delta:+d})"
+        if self.removed or self.added:
+            line += f", removed {len(self.removed)}, added {len(self.added)}"
+        return line
