@@ -6,34 +6,8 @@ import math
 
 import numpy as np
 
+import minfer_core
 from minfer_core import kernel
-
-# TensorProto.DataType codes with a numpy equivalent (bfloat16 and float8 have none).
-_DTYPES = {
-    1: np.float32,
-    2: np.uint8,
-    3: np.int8,
-    4: np.uint16,
-    5: np.int16,
-    6: np.int32,
-    7: np.int64,
-    8: np.object_,
-    9: np.bool_,
-    10: np.float16,
-    11: np.float64,
-    12: np.uint32,
-    13: np.uint64,
-    14: np.complex64,
-    15: np.complex128,
-}
-
-
-def numpy_dtype(code: int) -> np.dtype:
-    """The numpy dtype of an ONNX TensorProto data type code (for dtype/output_datatype attributes)."""
-    try:
-        return np.dtype(_DTYPES[int(code)])
-    except KeyError:
-        raise ValueError(f"ONNX data type {code} has no numpy equivalent; supported: {sorted(_DTYPES)}") from None
 
 
 def _scalar(v) -> np.ndarray:
@@ -119,8 +93,8 @@ def range_11(start, limit, delta):
 @kernel("Range", since=27)
 def range_27(start, limit, delta, *, stash_type=1):
     """Range-27: as Range-11; stash_type picks the float16 compute precision."""
-    low = np.asarray(start).dtype == np.float16
-    return _range(start, limit, delta, numpy_dtype(stash_type).type if low else np.float64)
+    low = np.asarray(start).dtype.name in ("float16", "bfloat16")
+    return _range(start, limit, delta, minfer_core.onnx_dtype(stash_type).type if low else np.float64)
 
 
 # --- EyeLike / OneHot / Trilu ---------------------------------------------------------
@@ -131,7 +105,7 @@ def eye_like(input, *, dtype=None, k=0):
     """EyeLike-9/22: ones on diagonal k of a matrix shaped like the 2-D input."""
     if input.ndim != 2:
         raise ValueError(f"EyeLike needs a 2-D input, got shape {input.shape}")
-    out_dtype = input.dtype if dtype is None else numpy_dtype(dtype)
+    out_dtype = input.dtype if dtype is None else minfer_core.onnx_dtype(dtype)
     return np.eye(input.shape[0], input.shape[1], k=k, dtype=out_dtype)
 
 

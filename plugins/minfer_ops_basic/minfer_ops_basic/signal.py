@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
+import minfer_core
 from minfer_core import kernel
-
-from .generate import numpy_dtype
 
 
 def _scalar(v) -> int | float:
@@ -119,7 +118,7 @@ def _cosine_window(size, periodic: int, output_datatype: int, a0: float, a1: flo
     count = int(_scalar(size))
     span = count if periodic else count - 1
     angle = 2 * np.pi * np.arange(count, dtype=np.float64) / span
-    return (a0 - a1 * np.cos(angle) + a2 * np.cos(2 * angle)).astype(numpy_dtype(output_datatype))
+    return (a0 - a1 * np.cos(angle) + a2 * np.cos(2 * angle)).astype(minfer_core.onnx_dtype(output_datatype))
 
 
 @kernel("HannWindow", since=17)
@@ -162,7 +161,7 @@ def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, u
     fall = (right - j) / np.maximum(right - center, 1)
     out = np.where((j >= left) & (j <= center), rise, 0.0)
     out = np.where((j >= center) & (j < right), fall, out)
-    return out.astype(numpy_dtype(output_datatype))
+    return out.astype(minfer_core.onnx_dtype(output_datatype))
 
 
 KERNELS = [
