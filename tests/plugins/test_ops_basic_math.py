@@ -1,0 +1,382 @@
+"""minfer-ops-basic math kernels, part 1: elementwise, activations, logic and Cast.
+
+ONNX-specific corner rules are checked on the kernels directly against
+hand-derived values; where onnxruntime implements the op, the same one-node
+model is also run by minfer's backend and compared with it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+from onnx import TensorProto, helper
+
+from minfer_core import KernelContext
+from minfer_ops_basic import activation, cast, elementwise, linalg, logic, nn, reduce
+
+ort = pytest.importorskip("onnxruntime")
+SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn)
+KERNELS = [k for m in MODULES for k in m.KERNELS]
+
+
+def call(op_type, opset, *inputs, **attrs):
+    """Call the kernel the engine would pick for this opset, preparing it first when needed."""
+    k = max((k for k in KERNELS if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
+    if not k.prepare:
+        return k.fn(*inputs, **attrs)
+    n = len(inputs)
+    ctx = KernelContext("n", op_type, opset, (None,) * n, (None,), (None,) * n, 1)
+    return k.fn(ctx, **attrs)(*inputs)
+
+
+def single_node(op_type, opset, inputs, attrs=None, num_outputs=1):
+    """A one-node model whose inputs i0.. are graph inputs (None leaves an input out)."""
+    names = ["" if x is None else f"i{i}" for i, x in enumerate(inputs)]
+    node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], **(attrs or {}))
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for n, x in zip(names, inputs) if n]
+    outs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
+    model = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10  # onnxruntime refuses the IR version onnx 1.23 stamps
+    return model, {n: x for n, x in zip(names, inputs) if n}
+
+
+def assert_matches_ort(op_type, opset, inputs, attrs=None, num_outputs=1, rtol=1e-5, atol=1e-6):
+    """minfer's backend and onnxruntime agree on every output (dtype, shape, values)."""
+    from minfer_core import backend
+
+    model, feeds = single_node(op_type, opset, inputs, attrs, num_outputs)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = backend.prepare(model).run(feeds)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol)
+
+
+RNG = np.random.default_rng(0)
+X = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+
+
+# --- declarations ------------------------------------------------------------
+
+
+def _schema_defaults(schema):
+    out = {}
+    for a in schema.attributes.values():
+        v = helper.get_attribute_value(a.default_value) if a.default_value.name else None
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+def test_kernel_attributes_match_every_covered_onnx_version():
+    """Each kernel accepts exactly the attributes of every opset version it covers, with ONNX's defaults."""
+    schemas = {}
+    for s in onnx.defs.get_all_schemas_with_history():
+        if s.domain == "":
+            schemas.setdefault(s.name, []).append(s)
+    by_op = {}
+    for k in KERNELS:
+        by_op.setdefault(k.op_type, []).append(k)
+    for op_type, kernels in by_op.items():
+        kernels.sort(key=lambda k: k.since)
+        assert kernels[0].since == min(s.since_version for s in schemas[op_type]), op_type
+        for k, nxt in zip(kernels, kernels[1:] + [None]):
+            for s in schemas[op_type]:
+                if not (k.since <= s.since_version < (nxt.since if nxt else 10**6)):
+                    continue
+                want = _schema_defaults(s)
+                got = {n: (None if v is inspect.Parameter.empty else v) for n, v in k.attribute_defaults.items()}
+                assert set(got) == set(want), (op_type, s.since_version, sorted(got), sorted(want))
+                for name, w in want.items():
+                    g = got[name]
+                    same = np.float32(g) == np.float32(w) if isinstance(w, float) else g == w
+                    assert same, (op_type, s.since_version, name, g, w)
+
+
+def test_kernels_have_a_docstring_naming_op_and_version():
+    """Every kernel's one-line docstring starts with '<OpType>-<version>'."""
+    for k in KERNELS:
+        doc = k.fn.__doc__ or ""
+        assert doc.startswith(f"{k.op_type}-"), (k.op_type, k.since, doc)
+
+
+# --- arithmetic --------------------------------------------------------------
+
+
+def test_integer_div_truncates_toward_zero():
+    """Div on integers rounds the quotient toward zero, like C, not toward -inf like numpy's //."""
+    a = np.array([7, -7, 7, -7, 6, 0], dtype=np.int32)
+    b = np.array([2, 2, -2, -2, -3, -5], dtype=np.int32)
+    got = call("Div", 14, a, b)
+    np.testing.assert_array_equal(got, [3, -3, -3, 3, -2, 0])
+    assert got.dtype == np.int32
+    assert_matches_ort("Div", 14, [a, b])
+
+
+def test_mod_sign_follows_divisor_or_dividend():
+    """Mod fmod=0 takes the divisor's sign (floor); fmod=1 takes the dividend's (truncate)."""
+    a = np.array([-4, 7, 5, -3], dtype=np.int64)
+    b = np.array([3, -3, 2, -2], dtype=np.int64)
+    np.testing.assert_array_equal(call("Mod", 13, a, b), [2, -2, 1, -1])
+    np.testing.assert_array_equal(call("Mod", 13, a, b, fmod=1), [-1, 1, 1, -1])
+    f = np.array([-4.5, 7.25], dtype=np.float32)
+    g = np.array([2.0, -2.0], dtype=np.float32)
+    np.testing.assert_array_equal(call("Mod", 13, f, g, fmod=1), np.fmod(f, g))
+    assert_matches_ort("Mod", 13, [a, b])
+    assert_matches_ort("Mod", 13, [f, g], {"fmod": 1})
+
+
+def test_legacy_broadcast_aligns_b_at_axis():
+    """Add-6 with broadcast=1, axis=1 lines B's dims up with A's from axis 1, not from the tail."""
+    a = np.zeros((2, 3, 4, 5), dtype=np.float32)
+    b = np.arange(3 * 4, dtype=np.float32).reshape(3, 4)
+    got = call("Add", 6, a, b, broadcast=1, axis=1)
+    np.testing.assert_array_equal(got, np.broadcast_to(b[None, :, :, None], a.shape))
+    # without axis the suffix rule applies (numpy's)
+    c = np.arange(5, dtype=np.float32)
+    np.testing.assert_array_equal(call("Mul", 1, a + 1, c, broadcast=1, consumed_inputs=[0]), np.broadcast_to(c, a.shape))
+
+
+def test_pow_keeps_the_base_dtype_for_mixed_types():
+    """Pow's result has X's dtype whatever Y's dtype is."""
+    x = np.array([2, 3, 4], dtype=np.int32)
+    y = np.array([2.0, 0.5, 1.0], dtype=np.float32)
+    got = call("Pow", 15, x, y)
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, [4, 1, 4])
+    xf = np.array([1.5, 2.0], dtype=np.float32)
+    got = call("Pow", 15, xf, np.array([2, 3], dtype=np.int64))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, [2.25, 8.0])
+    assert_matches_ort("Pow", 15, [xf, np.array([2, 3], dtype=np.int64)])
+
+
+def test_variadic_ops_broadcast_and_keep_dtype():
+    """Sum/Mean/Max/Min take any number of inputs, broadcast them, and keep float32."""
+    a, b, c = X, X[0, :, :1], np.float32(2) * np.ones((4,), np.float32)
+    for op in ("Sum", "Mean", "Max", "Min"):
+        assert_matches_ort(op, 13, [a, b, c])
+        assert call(op, 13, a).dtype == np.float32
+
+
+def test_zero_dim_results_are_arrays():
+    """0-d inputs give 0-d ndarrays, never numpy scalars."""
+    s = np.array(2.0, dtype=np.float32)
+    for op in ("Add", "Mul", "Div", "Pow", "Max"):
+        out = call(op, 14, s, s)
+        assert type(out) is np.ndarray and out.shape == () and out.dtype == np.float32
+
+
+@SETTINGS
+@given(
+    shapes=hnp.mutually_broadcastable_shapes(num_shapes=2, min_dims=0, max_dims=4, max_side=4),
+    op=st.sampled_from(["Add", "Sub", "Mul", "Div", "Greater", "Equal"]),
+)
+def test_binary_broadcasting_matches_onnxruntime(shapes, op):
+    """Binary ops broadcast any numpy-compatible pair of shapes exactly as onnxruntime does."""
+    a = np.asarray(RNG.standard_normal(shapes.input_shapes[0]), dtype=np.float32)
+    b = np.asarray(RNG.standard_normal(shapes.input_shapes[1]) + 3, dtype=np.float32)
+    assert_matches_ort(op, 14 if op not in ("Greater", "Equal") else 13, [a, b])
+
+
+# --- unary math and activations -------------------------------------------------
+
+UNARY_ORT = [
+    ("Abs", 13, {}), ("Neg", 13, {}), ("Floor", 13, {}), ("Ceil", 13, {}), ("Exp", 13, {}),
+    ("Sin", 7, {}), ("Cos", 7, {}), ("Tan", 7, {}), ("Atan", 7, {}), ("Sinh", 9, {}), ("Cosh", 9, {}),
+    ("Asinh", 9, {}), ("Sign", 13, {}), ("Round", 11, {}), ("Erf", 13, {}), ("Relu", 14, {}),
+    ("Sigmoid", 13, {}), ("Tanh", 13, {}), ("Elu", 6, {"alpha": 0.7}), ("Selu", 6, {}),
+    ("Celu", 12, {"alpha": 2.0}), ("LeakyRelu", 16, {"alpha": 0.2}), ("HardSigmoid", 6, {"alpha": 0.3, "beta": 0.4}),
+    ("HardSwish", 14, {}), ("Mish", 18, {}), ("Softplus", 1, {}), ("Softsign", 1, {}),
+    ("ThresholdedRelu", 10, {"alpha": 0.5}), ("Shrink", 9, {"bias": 0.2, "lambd": 0.3}),
+    ("Gelu", 20, {}), ("Gelu", 20, {"approximate": "tanh"}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("op", "opset", "attrs"), UNARY_ORT, ids=[f"{u[0]}{u[2] or ''}" for u in UNARY_ORT])
+def test_unary_ops_match_onnxruntime(op, opset, attrs):
+    """Unary math and activations agree with onnxruntime in value and keep float32."""
+    x = np.concatenate([X.ravel() * 3, [0.0, -0.0, 0.5, -0.5, 1.5, 2.5, -2.5, 40.0, -40.0]]).astype(np.float32)
+    assert_matches_ort(op, opset, [x], attrs)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float64, ml_dtypes.bfloat16])
+def test_activations_keep_the_input_dtype(dtype):
+    """float16, float64 and bfloat16 inputs come back in their own dtype (no float64 upcasts)."""
+    x = X.astype(dtype)
+    for op, opset, attrs in UNARY_ORT:
+        out = call(op, opset, x, **attrs)
+        assert out.dtype == np.dtype(dtype), (op, out.dtype)
+    for op in ("Softmax", "LogSoftmax", "Hardmax"):
+        assert call(op, 13, x).dtype == np.dtype(dtype)
+
+
+def test_erf_is_accurate_to_float32_rounding():
+    """erf matches math.erf to ~1 ulp in float32 and ~1e-13 relative in float64, over the whole range."""
+    x64 = np.concatenate([np.linspace(-7, 7, 20001), np.geomspace(1e-30, 1, 200), [0.0, -0.0, np.inf, -np.inf]])
+    want = np.array([math.erf(v) for v in x64])
+    got64 = elementwise.erf(x64)
+    np.testing.assert_allclose(got64, want, rtol=1e-13, atol=0)
+    got32 = call("Erf", 13, x64.astype(np.float32))
+    want32 = np.array([math.erf(v) for v in x64.astype(np.float32).astype(np.float64)])
+    np.testing.assert_allclose(got32, want32, rtol=1.2e-7, atol=0)
+    assert np.isnan(call("Erf", 13, np.array([np.nan], np.float32)))[0]
+
+
+def test_round_is_half_to_even():
+    """Round sends halves to the nearest even integer."""
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, 2.4, 2.6], dtype=np.float32)
+    np.testing.assert_array_equal(call("Round", 11, x), [0, 2, 2, -0, -2, 2, 3])
+
+
+def test_sigmoid_does_not_overflow():
+    """Sigmoid of large magnitudes saturates to 0 and 1 without producing NaN."""
+    x = np.array([-1000, -90, 0, 90, 1000], dtype=np.float32)
+    np.testing.assert_allclose(call("Sigmoid", 13, x), [0, 0, 0.5, 1, 1], atol=1e-30)
+
+
+def test_clip_forms():
+    """Clip-1 leaves missing bounds open, Clip-6 defaults to the float range, Clip-11 takes optional inputs."""
+    x = np.array([-5, -1, 0, 1, 5], dtype=np.float32)
+    np.testing.assert_array_equal(call("Clip", 1, x, min=-2.0), [-2, -1, 0, 1, 5])
+    np.testing.assert_array_equal(call("Clip", 6, x, max=1.0), [-5, -1, 0, 1, 1])
+    np.testing.assert_array_equal(call("Clip", 13, x, None, np.array(0.5, np.float32)), [-5, -1, 0, 0.5, 0.5])
+    # min > max gives max everywhere
+    np.testing.assert_array_equal(call("Clip", 13, x, np.array(2, np.float32), np.array(1, np.float32)), [1] * 5)
+    i8 = np.array([-128, 0, 127], dtype=np.int8)
+    out = call("Clip", 13, i8, np.array(-3, np.int8))
+    assert out.dtype == np.int8
+    np.testing.assert_array_equal(out, [-3, 0, 127])
+    assert_matches_ort("Clip", 13, [x, np.array(-2, np.float32), np.array(3, np.float32)])
+
+
+def test_prelu_broadcasts_slope():
+    """PRelu multiplies negatives by a slope broadcast from the tail (per channel here)."""
+    x = RNG.standard_normal((2, 3, 4, 4)).astype(np.float32)
+    slope = np.array([0.1, 0.2, 0.3], dtype=np.float32).reshape(3, 1, 1)
+    assert_matches_ort("PRelu", 16, [x, slope])
+
+
+# --- softmax family ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax", "Hardmax"])
+@pytest.mark.parametrize("axis", [0, 1, 2, -1])
+def test_softmax_before_13_flattens_at_axis(op, axis):
+    """Before opset 13 the op normalizes over all dims from axis on (x coerced to 2-D), matching onnxruntime."""
+    assert_matches_ort(op, 11, [X], {"axis": axis})
+    x2 = X.reshape(math.prod(X.shape[: axis % 3]), -1)
+    want = call(op, 13, x2, axis=1).reshape(X.shape)
+    np.testing.assert_allclose(call(op, 11, X, axis=axis), want, rtol=1e-6)
+
+
+def test_softmax_defaults_differ_before_and_from_13():
+    """Softmax-1 defaults to axis 1 over the flattened tail; Softmax-13 to the last axis alone."""
+    old, new = call("Softmax", 11, X), call("Softmax", 13, X)
+    np.testing.assert_allclose(old.reshape(2, -1).sum(axis=1), [1, 1], rtol=1e-6)
+    np.testing.assert_allclose(new.sum(axis=-1), np.ones((2, 3)), rtol=1e-6)
+    assert_matches_ort("Softmax", 11, [X])
+    assert_matches_ort("Softmax", 13, [X])
+
+
+def test_softmax_is_stable_for_large_logits():
+    """Softmax and LogSoftmax shift by the maximum so huge logits neither overflow nor give NaN."""
+    x = np.array([[1000.0, 1001.0, 1002.0]], dtype=np.float32)
+    assert_matches_ort("Softmax", 13, [x])
+    assert_matches_ort("LogSoftmax", 13, [x])
+
+
+def test_hardmax_picks_the_first_maximum():
+    """Hardmax one-hots the first of tied maxima."""
+    x = np.array([[1, 3, 3, 2]], dtype=np.float32)
+    np.testing.assert_array_equal(call("Hardmax", 13, x), [[0, 1, 0, 0]])
+
+
+# --- logic ---------------------------------------------------------------------
+
+
+def test_comparisons_and_logic_match_onnxruntime():
+    """Comparisons return bool with broadcasting; And/Or/Xor/Not are logical."""
+    a, b = X, X[:, :1, :]
+    for op, opset in (("Less", 13), ("LessOrEqual", 16), ("GreaterOrEqual", 16), ("Equal", 19)):
+        assert_matches_ort(op, opset, [a, b])
+    p = RNG.random((3, 4)) > 0.5
+    q = RNG.random((4,)) > 0.5
+    for op in ("And", "Or", "Xor"):
+        assert_matches_ort(op, 7, [p, q])
+    assert_matches_ort("Not", 1, [p])
+
+
+def test_bitshift_out_of_range_gives_the_sign_fill():
+    """BitShift by >= the type width gives 0, or -1 for a right shift of a negative signed value."""
+    x = np.array([1, -8, -8, 3, 255], dtype=np.int16)
+    y = np.array([16, 1, 20, 40, 4], dtype=np.int16)
+    np.testing.assert_array_equal(call("BitShift", 28, x, y, direction="LEFT"), [0, -16, 0, 0, 4080])
+    np.testing.assert_array_equal(call("BitShift", 28, x, y, direction="RIGHT"), [0, -4, -1, 0, 15])
+    u = np.array([16, 4, 1], dtype=np.uint8)
+    assert_matches_ort("BitShift", 11, [u, np.array([1, 2, 3], np.uint8)], {"direction": "RIGHT"})
+
+
+def test_bitwise_ops_match_onnxruntime():
+    """BitwiseAnd/Or/Xor/Not act on the two's complement bits."""
+    a = np.array([5, -3, 127], dtype=np.int32)
+    b = np.array([3, 6, -1], dtype=np.int32)
+    for op in ("BitwiseAnd", "BitwiseOr", "BitwiseXor"):
+        assert_matches_ort(op, 18, [a, b])
+    assert_matches_ort("BitwiseNot", 18, [a])
+
+
+def test_isinf_flags_select_the_sign():
+    """IsInf detects +inf and/or -inf as detect_positive/detect_negative say."""
+    x = np.array([np.inf, -np.inf, np.nan, 1.0], dtype=np.float32)
+    np.testing.assert_array_equal(call("IsInf", 20, x), [1, 1, 0, 0])
+    np.testing.assert_array_equal(call("IsInf", 20, x, detect_negative=0), [1, 0, 0, 0])
+    np.testing.assert_array_equal(call("IsInf", 20, x, detect_positive=0), [0, 1, 0, 0])
+    np.testing.assert_array_equal(call("IsNaN", 20, x), [0, 0, 1, 0])
+
+
+# --- Cast ----------------------------------------------------------------------
+
+
+def test_cast_saturates_float8_only_when_asked():
+    """Cast to float8e4m3fn clamps out-of-range values with saturate=1 and gives NaN with saturate=0."""
+    x = np.array([1000.0, -1000.0, np.inf, 3.0], dtype=np.float32)
+    sat = call("Cast", 19, x, to=TensorProto.FLOAT8E4M3FN)
+    assert sat.dtype == ml_dtypes.float8_e4m3fn
+    np.testing.assert_array_equal(sat.astype(np.float32), [448, -448, 448, 3])
+    raw = call("Cast", 19, x, to=TensorProto.FLOAT8E4M3FN, saturate=0).astype(np.float32)
+    assert np.isnan(raw[:3]).all() and raw[3] == 3
+
+
+def test_cast_rules_for_plain_types():
+    """Cast wraps integers, maps non-zero to True, and Cast-1 accepts a type name string."""
+    np.testing.assert_array_equal(call("Cast", 13, np.array([200, -1], np.int16), to=TensorProto.INT8), [-56, -1])
+    np.testing.assert_array_equal(call("Cast", 13, np.array([0.0, -0.0, 0.1, np.nan], np.float32), to=TensorProto.BOOL), [0, 0, 1, 1])
+    out = call("Cast", 1, np.array([1.5], np.float64), to="FLOAT16")
+    assert out.dtype == np.float16
+    like = call("CastLike", 15, np.array([1.7, -2.2], np.float32), np.zeros(1, np.int64))
+    assert like.dtype == np.int64
+    np.testing.assert_array_equal(like, [1, -2])
+    assert_matches_ort("Cast", 13, [X], {"to": TensorProto.FLOAT16}, rtol=1e-3)
+
+
+def test_cast_to_float8e8m0_rounds_the_exponent():
+    """Cast to float8e8m0 picks a power of two: up, down, or the nearest by round_mode."""
+    x = np.array([0.3, 1.0, 1.4, 1.6, 3.0], dtype=np.float32)
+
+    def e8m0(mode):
+        return call("Cast", 24, x, to=TensorProto.FLOAT8E8M0, round_mode=mode).astype(np.float32)
+
+    np.testing.assert_array_equal(e8m0("up"), [0.5, 1, 2, 2, 4])
+    np.testing.assert_array_equal(e8m0("down"), [0.25, 1, 1, 1, 2])
+    np.testing.assert_array_equal(e8m0("nearest"), [0.25, 1, 1, 2, 4])
