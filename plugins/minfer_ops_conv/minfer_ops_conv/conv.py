@@ -22,36 +22,52 @@ class Packed:
     kernel: tuple[int, ...]
     matrix: np.ndarray
     depthwise: np.ndarray | None  # (C, prod(kernel)) when group == C == M
-
-    @property
-    def gemm(self) -> np.ndarray:
-        # a single group needs no batch axis: one plain 2-D GEMM per image
-        return self.matrix[0] if self.group == 1 else self.matrix
+    winograd: np.ndarray | None = None  # (16, M, C) for 3x3 single-group weights known at build time
 
 
-def pack(w: np.ndarray, group: int) -> Packed:
-    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs."""
+def pack(w: np.ndarray, group: int, build_time: bool = False) -> Packed:
+    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs.
+
+    Winograd weights are made only at build time: transforming per run would cost more than it saves.
+    """
     m, cg = w.shape[:2]
     kernel = tuple(w.shape[2:])
     matrix = np.ascontiguousarray(w.reshape(group, m // group, -1))
     depthwise = None
     if group > 1 and cg == 1 and m == group:
         depthwise = np.ascontiguousarray(w.reshape(m, -1))
-    return Packed(group, m, kernel, matrix, depthwise)
+    wino = winograd.transform_weights(w) if build_time and group == 1 and kernel == (3, 3) else None
+    return Packed(group, m, kernel, matrix, depthwise, wino)
 
 
 Plan = Callable[[np.ndarray, Packed], np.ndarray]
 
 
+def _gemm(p: Packed, cols: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
+    """W @ cols for each image (and group), written straight into the NCHW output.
+
+    Plain 2-D matmuls per image: numpy's stacked matmul can miss the BLAS fast path.
+    """
+    n = cols.shape[0]
+    y = np.empty((n, p.group, p.matrix.shape[1], cols.shape[-1]), dtype=np.result_type(cols, p.matrix))
+    for i in range(n):
+        if p.group == 1:
+            np.matmul(p.matrix[0], cols[i], out=y[i, 0])
+        else:
+            np.matmul(p.matrix, cols[i], out=y[i])
+    return y.reshape((n, p.out_channels) + out_shape)
+
+
 def _pointwise(w: geo.Window) -> Plan:
     """1x1 kernel, no pad: the input is already the GEMM's right operand (strided when s > 1)."""
     sub = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in w.strides)
+    strided = any(s > 1 for s in w.strides)
+    size = int(np.prod(w.out_shape))
 
     def run(x: np.ndarray, p: Packed) -> np.ndarray:
-        xs = x[sub] if any(s > 1 for s in w.strides) else x
-        n = x.shape[0]
-        cols = xs.reshape(n, -1, int(np.prod(w.out_shape))) if p.group == 1 else xs.reshape(n, p.group, -1, int(np.prod(w.out_shape)))
-        return np.matmul(p.gemm, cols).reshape((n, p.out_channels) + w.out_shape)
+        xs = x[sub] if strided else x
+        cols = xs.reshape(x.shape[0], p.group, -1, size)
+        return _gemm(p, cols, w.out_shape)
 
     return run
 
@@ -64,11 +80,9 @@ def _im2col(w: geo.Window) -> Plan:
     size = int(np.prod(w.out_shape))
 
     def run(x: np.ndarray, p: Packed) -> np.ndarray:
-        n = x.shape[0]
         view = geo.im2col_view(geo.pad(x, w), w)
-        lead = (n, -1) if p.group == 1 else (n, p.group, -1)
-        cols = view.reshape(lead + (size,))  # the one im2col copy
-        return np.matmul(p.gemm, cols).reshape((n, p.out_channels) + w.out_shape)
+        cols = view.reshape(x.shape[0], p.group, -1, size)  # the one im2col copy
+        return _gemm(p, cols, w.out_shape)
 
     return run
 
@@ -96,7 +110,7 @@ def plan_for(w: geo.Window, p: Packed, channels: int) -> Plan:
         return _depthwise(w)
     if all(k == 1 for k in p.kernel) and not w.padded:
         return _pointwise(w)
-    if p.group == 1 and winograd.applies(w, p):
+    if winograd.applies(w, p):
         return winograd.plan(w)
     return _im2col(w)
 
@@ -105,7 +119,7 @@ def plan_for(w: geo.Window, p: Packed, channels: int) -> Plan:
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22: N-D grouped convolution; weights pre-packed, method chosen per input shape."""
     consts = ctx.constants
-    fixed = pack(consts[1], group) if len(consts) > 1 and consts[1] is not None else None
+    fixed = pack(consts[1], group, build_time=True) if len(consts) > 1 and consts[1] is not None else None
     plans: dict[tuple[int, ...], Plan] = {}
 
     def run(x, w, b=None):
