@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
@@ -143,3 +143,48 @@ def test_average_pool_matches_onnxruntime(case, count_include_pad):
     got = run_kernel("AveragePool", 19, [x], attrs)
     want = run_ort("AveragePool", 19, [x], attrs)[0]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@st.composite
+def conv_transpose_cases(draw):
+    """A random valid ConvTranspose: rank 1-3, groups, strides, dilations, pads, output_padding or output_shape."""
+    rank = draw(st.sampled_from([1, 2, 2, 3]))
+    group = draw(st.sampled_from([1, 1, 2]))
+    cg, mg = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    kernel = [draw(st.integers(1, 3)) for _ in range(rank)]
+    dil = [draw(st.sampled_from([1, 1, 2])) for _ in range(rank)]
+    strides = [draw(st.sampled_from([1, 2, 3])) for _ in range(rank)]
+    spatial = [draw(st.integers(1, 5)) for _ in range(rank)]
+    attrs = {"kernel_shape": kernel, "strides": strides, "dilations": dil, "group": group}
+    mode = draw(st.sampled_from(["pads", "pads", "output_shape", "SAME_UPPER", "SAME_LOWER"]))
+    if mode == "pads":
+        attrs["pads"] = [draw(st.integers(0, k - 1)) for k in kernel * 2]
+        attrs["output_padding"] = [draw(st.integers(0, s - 1)) for s in strides]
+        full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kernel, dil)]
+        assume(all(f - attrs["pads"][j] - attrs["pads"][j + rank] > 0 for j, f in enumerate(full)))
+    elif mode == "output_shape":
+        full = [s * (i - 1) + (k - 1) * d + 1 for s, i, k, d in zip(strides, spatial, kernel, dil)]
+        attrs["output_shape"] = [f - draw(st.integers(0, min(f - 1, 2))) for f in full]
+    else:
+        attrs["auto_pad"] = mode
+        attrs["dilations"] = [1] * rank
+        # stride > kernel: onnxruntime clamps the negative total pad, the spec (kept here) gives in*stride
+        attrs["strides"] = [min(s, k) for s, k in zip(strides, kernel)]
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    x = rng.standard_normal([draw(st.integers(1, 2)), cg * group] + spatial).astype(np.float32)
+    w = rng.standard_normal([cg * group, mg] + kernel).astype(np.float32)
+    inputs = [x, w]
+    if draw(st.booleans()):
+        inputs.append(rng.standard_normal(mg * group).astype(np.float32))
+    return inputs, attrs
+
+
+@SETTINGS
+@given(conv_transpose_cases(), st.booleans())
+def test_conv_transpose_matches_onnxruntime(case, constant_weights):
+    """ConvTranspose equals onnxruntime for any rank, group, stride, dilation, pads, output_padding/shape, SAME."""
+    inputs, attrs = case
+    got = run_kernel("ConvTranspose", 11, inputs, attrs, constant_weights=constant_weights)
+    want = run_ort("ConvTranspose", 11, inputs, attrs)[0]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

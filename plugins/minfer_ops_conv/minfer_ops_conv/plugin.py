@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, onnx_op
 
-from . import conv, norm, pool, resize, spatial
+from . import conv, conv_transpose, norm, pool, resize, spatial
 
-MODULES = (conv, pool, norm, resize, spatial)
+MODULES = (conv, conv_transpose, pool, norm, resize, spatial)
 KERNELS = [k for module in MODULES for k in module.KERNELS]
 
 
