@@ -16,10 +16,12 @@ import numpy as np
 from .errors import BadFeedError, KernelError, MinferError, UnsupportedOpError
 from .expand import expand_functions
 from .graph import Graph, Node
-from .infer import infer_types
+from .infer import infer_runtime, infer_types
 from .kernel import DEFAULT_PROVIDER, Kernel, KernelContext
+from .memory import align
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
+from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
 from .plugins import Registry, get_registry, provider_hint
 from .tensor import TensorType
 
@@ -44,11 +46,18 @@ def _node_arg(name: str, t: TensorType | None) -> NodeArg:
     return NodeArg(name, f"tensor({type_name})", list(t.shape) if t.shape is not None else [], t.dtype)
 
 
-Step = tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...]]
-
-
 class Engine:
-    """A built model: a flat list of (callable, input slots, output slots) and the slot table."""
+    """A built model: prepared kernels in execution order, run through a per-shape memory plan.
+
+    Build does the expensive work once (passes, function expansion, shape
+    inference, kernel preparation). The first run with a new input-shape
+    signature re-infers shapes through the op schemas (cached per signature)
+    and executes with fresh allocations while observing which outputs are
+    views of their inputs; from then on that signature runs through its
+    `Plan`: kernels that accept ``out=`` write into planned views of one
+    shared arena, so repeated runs allocate no activation buffers. Arrays
+    returned by `run` never live in the arena, so no later run overwrites them.
+    """
 
     def __init__(
         self,
@@ -63,8 +72,10 @@ class Engine:
         graph = model.copy() if isinstance(model, Graph) else load_model(model)
         graph.validate()
         self.pass_results = optimize(graph, self.registry, passes, disabled_passes)
-        expand_functions(graph, self.registry, provider)
         self.inference_failures = infer_types(graph, self.registry)
+        if expand_functions(graph, self.registry, provider):
+            # expanded bodies bring new values: annotate them too
+            self.inference_failures = infer_types(graph, self.registry)
         self.graph = graph
         self.provider = provider
         self._bind()
@@ -85,20 +96,33 @@ class Engine:
         for name in graph.inputs:
             self.slots.setdefault(name, len(template))
             template.append(None)
-        steps: list[Step] = []
         self.step_nodes: list[Node] = []
+        self.specs: list[StepSpec] = []
         for node in order:
             for out in node.outputs:
                 if out:
                     self.slots[out] = len(template)
                     template.append(None)
-            steps.append(self._bind_node(node))
+            self.specs.append(self._bind_node(node))
             self.step_nodes.append(node)
         self._template = template
-        self.steps = steps
         self._free_after = self._liveness(order)
+        self.steps: list[Step] = [
+            (sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free) for sp, free in zip(self.specs, self._free_after)
+        ]
+        self._unfreed = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
+        self._intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
+        self._graph_outputs = frozenset(self.slots[n] for n in graph.outputs)
+        self._aliases: list[frozenset[tuple[int, int]]] = [frozenset() for _ in self.specs]
+        self._plans: dict[Signature, Plan] = {}
+        self._types: dict[Signature, dict[str, TensorType]] = {}
+        self._bound: dict[Signature, list[Step]] = {}
+        self._arena = np.empty(0, dtype=np.uint8)
+        self._last: Signature | None = None
+        self.runtime_inference_failures: dict[str, str] = {}
+        self.observers: list[Any] = list(reg.observers)
 
-    def _bind_node(self, node: Node) -> Step:
+    def _bind_node(self, node: Node) -> StepSpec:
         graph = self.graph
         kern = self.registry.select_kernel(node.domain, node.op_type, _opset(graph, node), self.provider)
         assert kern is not None
@@ -113,10 +137,10 @@ class Engine:
             raise
         except Exception as exc:
             raise KernelError(f"{node.label}: kernel {kern.op_type}-{kern.since} from {kern.plugin} failed to prepare: {exc}") from exc
-        return (fn, ins, outs)
+        return StepSpec(kern, fn, ins, outs)
 
     def _liveness(self, order: list[Node]) -> list[tuple[int, ...]]:
-        """Per step, the slots whose value nothing reads afterwards (freed to bound memory)."""
+        """Per step, the slots whose value nothing reads afterwards (dropped to bound memory)."""
         keep = {self.slots[n] for n in self.graph.outputs} | {0}
         keep |= {self.slots[n] for n in self.graph.initializers}
         last: dict[int, int] = {}
@@ -140,43 +164,148 @@ class Engine:
         """Compute ``output_names`` (all graph outputs when None) from ``feeds``.
 
         With ``intermediate=True`` returns ``(outputs, values)`` where ``values``
-        maps every value name computed in this run to its array.
+        maps every value name computed in this run to its array (such a run
+        uses fresh memory for every value, never the arena).
         """
         names = list(self.graph.outputs) if output_names is None else list(output_names)
         for n in names:
             if n not in self.slots:
                 raise BadFeedError(f"unknown output {n!r}; the model's outputs are {self.graph.outputs}")
         vals = list(self._template)
-        self._check_feeds(feeds, vals)
-        free = None if intermediate else self._free_after
-        self._execute(vals, free)
-        outputs = [vals[self.slots[n]] for n in names]
+        sig = self._check_feeds(feeds, vals)
         if intermediate:
+            self._execute(vals, self._unfreed, self.observers)
+            outputs = [vals[self.slots[n]] for n in names]
             return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
-        return outputs
+        self._run_signature(sig, vals, self.observers)
+        return [vals[self.slots[n]] for n in names]
 
-    def _execute(self, vals: list[Any], free: list[tuple[int, ...]] | None) -> None:
+    def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
+        steps = self._bound.get(sig)
+        if steps is None:
+            self._discover(sig, vals, observers)
+        else:
+            self._execute(vals, steps, observers)
+        self._last = sig
+
+    def _discover(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
+        """First run of a signature: fresh allocations, observe shapes and views, then plan."""
+        observed: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
+        seen = self._execute_watching(vals, observed, observers)
+        stale = any(new - old for new, old in zip(seen, self._aliases))
+        self._aliases = [old | new for new, old in zip(seen, self._aliases)]
+        if stale:  # a kernel returned a view no earlier plan knew of: those plans are unsafe
+            self._plans.clear()
+            self._bound.clear()
+        types = self.shape_types(sig)
+        plan = build_plan(
+            PlanInput(
+                self.specs,
+                {self.slots[n]: t for n, t in types.items() if n in self.slots},
+                observed,
+                self._aliases,
+                self._intermediate,
+                self._graph_outputs,
+                self._free_after,
+            )
+        )
+        self._plans[sig] = plan
+        if plan.arena_bytes > self._arena.nbytes:
+            # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing
+            self._arena = np.empty(align(plan.arena_bytes), dtype=np.uint8)
+            self._bound = {s: bind_buffers(p, self._arena) for s, p in self._plans.items()}
+        else:
+            self._bound[sig] = bind_buffers(plan, self._arena)
+
+    def shape_types(self, sig: Signature) -> dict[str, TensorType]:
+        """Value types for an input-shape signature, from the op schemas; cached per signature."""
+        types = self._types.get(sig)
+        if types is None:
+            graph = self.graph
+            inputs = {n: TensorType(np.dtype(dt), shape) for n, (shape, dt) in zip(graph.inputs, sig)}
+            types, self.runtime_inference_failures = infer_runtime(graph, self.registry, self.step_nodes, inputs)
+            self._types[sig] = types
+        return types
+
+    def _execute(self, vals: list[Any], steps: list[Step], observers: Sequence[Any] = ()) -> None:
+        if observers:
+            self._execute_observed(vals, steps, observers)
+            return
         i = 0
         try:
-            for i, (fn, ins, outs) in enumerate(self.steps):
+            for i, (fn, ins, out0, outs, free) in enumerate(steps):
                 res = fn(*[vals[s] for s in ins])
                 if type(res) is tuple or type(res) is list:
                     for slot, value in zip(outs, res):
                         vals[slot] = value
                     vals[0] = None
                 else:
-                    vals[outs[0]] = res
-                if free is not None:
-                    for slot in free[i]:
-                        vals[slot] = None
+                    vals[out0] = res
+                for slot in free:
+                    vals[slot] = None
         except MinferError:
             raise
         except Exception as exc:
-            node = self.step_nodes[i]
-            shapes = [getattr(vals[s], "shape", None) for s in self.steps[i][1]]
-            raise KernelError(f"{node.label} failed on input shapes {shapes}: {type(exc).__name__}: {exc}") from exc
+            raise self._failure(i, vals, exc) from exc
 
-    def _check_feeds(self, feeds: Mapping[str, Any], vals: list[Any]) -> None:
+    def _execute_observed(self, vals: list[Any], steps: list[Step], observers: Sequence[Any]) -> None:
+        """The run loop with observers (profilers, tracers) called around each node."""
+        i = 0
+        try:
+            for i, (fn, ins, out0, outs, free) in enumerate(steps):
+                node = self.step_nodes[i]
+                for ob in observers:
+                    ob.on_node_start(node)
+                res = fn(*[vals[s] for s in ins])
+                results = res if type(res) is tuple or type(res) is list else (res,)
+                for ob in observers:
+                    ob.on_node_end(node, results)
+                for slot, value in zip(outs, results):
+                    vals[slot] = value
+                vals[0] = None
+                for slot in free:
+                    vals[slot] = None
+        except MinferError:
+            raise
+        except Exception as exc:
+            raise self._failure(i, vals, exc) from exc
+
+    def _execute_watching(
+        self, vals: list[Any], observed: dict[int, tuple[tuple[int, ...], np.dtype]], observers: Sequence[Any]
+    ) -> list[frozenset[tuple[int, int]]]:
+        """The discovery loop: records each output's shape and which inputs it shares memory with."""
+        seen: list[frozenset[tuple[int, int]]] = []
+        i = 0
+        try:
+            for i, (fn, ins, out0, outs, free) in enumerate(self.steps):
+                args = [vals[s] for s in ins]
+                node = self.step_nodes[i]
+                for ob in observers:
+                    ob.on_node_start(node)
+                res = fn(*args)
+                results = res if type(res) is tuple or type(res) is list else (res,)
+                for ob in observers:
+                    ob.on_node_end(node, results)
+                seen.append(_shared(results, args))
+                for slot, value in zip(outs, results):
+                    if slot and isinstance(value, np.ndarray):
+                        observed[slot] = (value.shape, value.dtype)
+                    vals[slot] = value
+                vals[0] = None
+                for slot in free:
+                    vals[slot] = None
+        except MinferError:
+            raise
+        except Exception as exc:
+            raise self._failure(i, vals, exc) from exc
+        return seen
+
+    def _failure(self, i: int, vals: list[Any], exc: Exception) -> KernelError:
+        node = self.step_nodes[i]
+        shapes = [getattr(vals[s], "shape", None) for s in self.specs[i].ins]
+        return KernelError(f"{node.label} failed on input shapes {shapes}: {type(exc).__name__}: {exc}")
+
+    def _check_feeds(self, feeds: Mapping[str, Any], vals: list[Any]) -> Signature:
         graph = self.graph
         unknown = [n for n in feeds if n not in graph.inputs]
         if unknown:
@@ -184,18 +313,58 @@ class Engine:
         missing = [n for n in graph.inputs if n not in feeds]
         if missing:
             raise BadFeedError(f"missing feed for input(s) {missing}; the model's inputs are {graph.inputs}")
+        sig = []
+        bound: dict[str, tuple[str, int]] = {}
         for name in graph.inputs:
             value = feeds[name]
             if not isinstance(value, np.ndarray):
                 value = np.asarray(value)
-            _check_feed(name, value, graph.types.get(name))
+            _check_feed(name, value, graph.types.get(name), bound)
             vals[self.slots[name]] = value
+            sig.append((value.shape, value.dtype.str))
+        return tuple(sig)
+
+    # ---- introspection -----------------------------------------------------
+
+    def memory_report(self, feeds: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The memory plan's numbers for the last run's input shapes (or for ``feeds``, after one run).
+
+        ``arena_bytes``: one arena holding every planned buffer (as if every
+        kernel wrote into its planned buffer); ``naive_bytes``: the sum of all
+        intermediates with no reuse; ``live_set_bytes``: the largest total of
+        simultaneously live intermediates (a lower bound for any plan);
+        ``allocated_arena_bytes``: the arena really allocated, for the values
+        whose kernels accept ``out=``; ``arena_backed_buffers`` of ``buffers``.
+        """
+        if feeds is not None:
+            self.run(None, feeds)
+        if self._last is None:
+            raise MinferError("memory_report needs a plan: call run() once (or pass feeds) first")
+        return dict(self._plans[self._last].report, steps=len(self.specs))
+
+    def profile(self, feeds: Mapping[str, Any], path: str | None = None, *, repeat: int = 1) -> dict[str, Any]:
+        """Run ``repeat`` times recording each node's time; returns (and writes to ``path``) a Chrome trace."""
+        from .profile import profile_engine
+
+        return profile_engine(self, feeds, path, repeat=repeat)
 
     def get_inputs(self) -> list[NodeArg]:
         return [_node_arg(n, self.graph.types.get(n)) for n in self.graph.inputs]
 
     def get_outputs(self) -> list[NodeArg]:
         return [_node_arg(n, self.graph.type_of(n)) for n in self.graph.outputs]
+
+
+def _shared(results: Sequence[Any], args: Sequence[Any]) -> frozenset[tuple[int, int]]:
+    """(output index, input index) pairs whose memory overlaps: the output is a view of that input."""
+    pairs = []
+    for j, r in enumerate(results):
+        if not isinstance(r, np.ndarray):
+            continue
+        for n, a in enumerate(args):
+            if isinstance(a, np.ndarray) and np.may_share_memory(r, a):
+                pairs.append((j, n))
+    return frozenset(pairs)
 
 
 class InferenceSession(Engine):
@@ -225,7 +394,11 @@ def _opset(graph: Graph, node: Node) -> int:
     return graph.opsets.get(node.domain, 1)
 
 
-def _check_feed(name: str, value: np.ndarray, declared: TensorType | None) -> None:
+Signature = tuple[tuple[tuple[int, ...], str], ...]
+"""Per graph input, its (shape, dtype string): the key of the shape and plan caches."""
+
+
+def _check_feed(name: str, value: np.ndarray, declared: TensorType | None, bound: dict[str, tuple[str, int]]) -> None:
     if declared is None:
         return
     if value.dtype != declared.dtype:
@@ -241,6 +414,14 @@ def _check_feed(name: str, value: np.ndarray, declared: TensorType | None) -> No
             raise BadFeedError(
                 f"input {name!r} expects shape {_fmt(declared.shape)}, got {value.shape}: dim {axis} must be {want}"
             )
+        if isinstance(want, str):
+            # a symbolic dim names one size shared by every input that uses it
+            first = bound.setdefault(want, (name, got))
+            if first[1] != got:
+                raise BadFeedError(
+                    f"input {name!r} dim {axis} is the symbolic dim {want!r} = {got}, but input {first[0]!r} "
+                    f"set {want!r} = {first[1]}"
+                )
 
 
 def _fmt(shape: Sequence[Any]) -> str:

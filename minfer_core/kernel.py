@@ -16,6 +16,14 @@ weights) is declared with ``@kernel(..., prepare=True)``: it receives a
 `KernelContext` first, then the attributes as keywords, and returns the plain
 callable the run loop will call with the inputs.
 
+Three optional declarations let the engine's memory planner do more (all
+default to the old behaviour, so existing kernels need no change):
+``out=True`` says the run callable accepts an ``out=`` keyword (a planned
+array of the output's shape and dtype) and writes its single output there;
+``inplace=(0,)`` says that ``out`` may be the very array passed as input 0
+(elementwise ops); ``views=False`` promises the outputs never share memory
+with the inputs (``True``: they may; ``None``: unknown, the engine observes).
+
 The decorators only annotate: they return frozen records and register
 nothing; a plugin hands the records to ``register`` in its hook.
 """
@@ -45,6 +53,11 @@ class Kernel:
     priority: int = 0
     prepare: bool = False
     plugin: str | None = attrs.field(default=None, eq=False)
+    # Memory-planner declarations (see the module docstring); appended last so
+    # positional construction by older code keeps working.
+    out: bool = False
+    inplace: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    views: bool | None = None
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -54,7 +67,8 @@ class Kernel:
     def attribute_defaults(self) -> dict[str, Any]:
         """The keyword-only parameters of the kernel function, with their defaults."""
         params = inspect.signature(self.fn).parameters.values()
-        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        # ``out`` is the planner's buffer, not an ONNX attribute
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and not (self.out and p.name == "out")}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -68,11 +82,20 @@ def kernel(
     provider: str = DEFAULT_PROVIDER,
     priority: int = 0,
     prepare: bool = False,
+    out: bool = False,
+    inplace: Sequence[int] = (),
+    views: bool | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
-    """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on."""
+    """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on.
+
+    ``out``, ``inplace`` and ``views`` are the memory-planner declarations
+    described in the module docstring and docs/kernel-contract.md.
+    """
+    if inplace and not out:
+        raise ValueError(f"kernel {op_type}: inplace=... needs out=True (in-place means writing into out)")
 
     def wrap(fn: Callable[..., Any]) -> Kernel:
-        return Kernel(op_type, fn, domain, since, provider, priority, prepare)
+        return Kernel(op_type, fn, domain, since, provider, priority, prepare, out=out, inplace=tuple(inplace), views=views)
 
     return wrap
 

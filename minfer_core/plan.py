@@ -1,0 +1,249 @@
+"""Execution plans: for one input-shape signature, which values live in the arena and where.
+
+A `Plan` is built after a *discovery* run of that signature, which executes
+with fresh allocations and observes, per node, the output shapes and which
+outputs share memory with which inputs (views). Those observations and the
+types from runtime shape inference through the op schemas decide:
+
+- which values are *buffers* (fresh memory) and which are views of another
+  value (they extend its lifetime, `memory.AliasSets`);
+- which buffers the arena backs: outputs of kernels that declared ``out=True``,
+  whose inferred static shape matched the observed one, and whose alias set
+  holds no graph output (a returned array must never be overwritten by a
+  later run);
+- in-place steps: a kernel that declared ``inplace`` writes into its dying
+  input's arena buffer;
+- the bound run loop: each step's callable with its ``out=`` buffer fixed.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from .kernel import Kernel
+from .memory import AliasSets, ArenaPlan, Block, align, plan_arena
+from .tensor import TensorType
+
+# (callable, input slots, first output slot, all output slots, slots to drop after the step)
+Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
+
+Observed = tuple[tuple[int, ...], np.dtype]
+
+
+@attrs.define
+class StepSpec:
+    """What the engine knows about one step at build time."""
+
+    kernel: Kernel
+    fn: Callable[..., Any]
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+
+
+@attrs.define
+class Plan:
+    """A memory plan and bound run loop for one input-shape signature."""
+
+    steps: list[Step]
+    buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # slot -> (offset, shape, dtype) in the arena
+    arena_bytes: int
+    report: dict[str, Any]
+
+
+@attrs.define
+class PlanInput:
+    """Everything `build_plan` reads: the steps, what inference and discovery found, the graph's edges."""
+
+    specs: Sequence[StepSpec]
+    types: Mapping[int, TensorType]  # slot -> inferred type, this signature
+    observed: Mapping[int, Observed]  # slot -> (shape, dtype) seen in the discovery run
+    aliases: Sequence[frozenset[tuple[int, int]]]  # per step: (output index, input index) pairs that shared memory
+    intermediate: frozenset[int]  # slots produced by nodes
+    graph_outputs: frozenset[int]
+    free_after: Sequence[tuple[int, ...]]
+
+
+def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+
+
+def _last_use(specs: Sequence[StepSpec], outputs: frozenset[int]) -> dict[int, int]:
+    last: dict[int, int] = {}
+    for i, spec in enumerate(specs):
+        for s in spec.ins:
+            last[s] = i
+        for s in spec.outs:
+            last.setdefault(s, i)  # an unread output still occupies memory at its own step
+    for s in outputs:
+        last[s] = len(specs)  # graph outputs outlive the run
+    return last
+
+
+def _static(inp: PlanInput, slot: int) -> tuple[tuple[int, ...], np.dtype] | None:
+    """The slot's shape when inference and observation agree on a static one, else None."""
+    t, seen = inp.types.get(slot), inp.observed.get(slot)
+    if t is None or seen is None or not t.is_static:
+        return None
+    shape = tuple(int(d) for d in t.shape)  # type: ignore[union-attr, arg-type]
+    if shape != seen[0] or t.dtype != seen[1]:
+        return None
+    return shape, t.dtype
+
+
+def build_plan(inp: PlanInput) -> Plan:
+    """Decide buffers, aliasing and in-place steps; place the arena; bind each step's ``out=``."""
+    specs = inp.specs
+    last = _last_use(specs, inp.graph_outputs)
+    sets = AliasSets()
+    ends: dict[int, int] = {}
+    roots: dict[int, tuple[int, tuple[int, ...], np.dtype]] = {}  # buffer slot -> (def step, shape, dtype)
+    resident: dict[int, int] = {}  # slot -> buffer slot whose memory it is, for arena-eligible values
+    outs_bound: dict[int, int] = {}  # step -> buffer slot it writes into
+    inplace_steps: set[int] = set()
+    reused = 0  # bytes of in-place results: memory a plan without reuse would allocate
+
+    def join(a: int, b: int) -> None:
+        end = max(ends.get(sets.find(a), -1), ends.get(sets.find(b), -1))
+        sets.union(a, b)
+        ends[sets.find(a)] = end
+
+    for i, spec in enumerate(specs):
+        k = spec.kernel
+        writes_out = k.out and len(spec.outs) == 1 and spec.outs[0] != 0
+        for j, slot in enumerate(spec.outs):
+            if not slot:
+                continue
+            ends[sets.find(slot)] = max(ends.get(sets.find(slot), -1), last.get(slot, i))
+            shared = _shared_inputs(spec, j, inp.aliases[i], writes_out)
+            static = _static(inp, slot)
+            for src in shared:
+                if src in inp.intermediate:
+                    join(slot, src)
+            if shared:
+                continue
+            if writes_out and static is not None:
+                src = _inplace_source(spec, static, resident, roots, sets, ends, i)
+                if src is not None:
+                    join(slot, src)
+                    resident[slot] = resident[src]
+                    outs_bound[i] = resident[src]
+                    inplace_steps.add(i)
+                    reused += _nbytes(*static)
+                    continue
+            if static is not None:
+                roots[slot] = (i, static[0], static[1])
+                if writes_out:
+                    resident[slot] = slot
+                    outs_bound[i] = slot
+    return _finish(inp, last, sets, ends, roots, resident, outs_bound, inplace_steps, reused)
+
+
+def _shared_inputs(spec: StepSpec, j: int, seen: frozenset[tuple[int, int]], writes_out: bool) -> list[int]:
+    """Input slots output ``j`` may share memory with: declared by the kernel, else as observed."""
+    k = spec.kernel
+    if writes_out or k.views is False:
+        return []
+    if k.views:
+        return [s for s in spec.ins if s]
+    return [spec.ins[n] for o, n in seen if o == j]
+
+
+def _inplace_source(
+    spec: StepSpec,
+    static: tuple[tuple[int, ...], np.dtype],
+    resident: Mapping[int, int],
+    roots: Mapping[int, tuple[int, tuple[int, ...], np.dtype]],
+    sets: AliasSets,
+    ends: Mapping[int, int],
+    step: int,
+) -> int | None:
+    """An input of this step whose arena buffer may take the output: same shape, dying here."""
+    for n in spec.kernel.inplace:
+        if n >= len(spec.ins):
+            continue
+        src = spec.ins[n]
+        if src not in resident or spec.ins.count(src) > 1:
+            continue
+        _, shape, dtype = roots[resident[src]]
+        if (shape, dtype) == static and ends.get(sets.find(src), -1) == step:
+            return src
+    return None
+
+
+def _finish(
+    inp: PlanInput,
+    last: Mapping[int, int],
+    sets: AliasSets,
+    ends: Mapping[int, int],
+    roots: Mapping[int, tuple[int, tuple[int, ...], np.dtype]],
+    resident: Mapping[int, int],
+    outs_bound: dict[int, int],
+    inplace_steps: set[int],
+    reused: int,
+) -> Plan:
+    tainted = {sets.find(s) for s in inp.graph_outputs}  # sets a caller will hold on to
+    blocks, arena_blocks = [], []
+    for slot, (d, shape, dtype) in roots.items():
+        root = sets.find(slot)
+        block = Block(slot, _nbytes(shape, dtype), d, max(ends.get(root, d), last.get(slot, d)))
+        if block.size == 0:
+            continue
+        blocks.append(block)
+        if root not in tainted and resident.get(slot) == slot:
+            arena_blocks.append(block)
+    physical = {b.key for b in arena_blocks}
+    for i in list(outs_bound):
+        if outs_bound[i] not in physical or sets.find(outs_bound[i]) in tainted:
+            del outs_bound[i]
+    n = len(inp.specs)
+    full = plan_arena(blocks, n + 1, sum(b.size for b in blocks) + reused)
+    real = plan_arena(arena_blocks, n + 1, sum(b.size for b in arena_blocks))
+    buffers = {s: (real.offsets[s], roots[s][1], roots[s][2]) for s in physical}
+    report = _report(full, real, len(blocks), len(arena_blocks), len(inplace_steps & set(outs_bound)))
+    steps_ = [_bound_step(i, spec, outs_bound.get(i), inp.free_after[i]) for i, spec in enumerate(inp.specs)]
+    return Plan(steps_, buffers, real.arena_bytes, report)
+
+
+def _bound_step(i: int, spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...]) -> Step:
+    # the buffer itself is bound later (bind_buffers), once the arena exists
+    return (spec.fn, spec.ins, spec.outs[0] if spec.outs else 0, spec.outs, free) if buffer_slot is None else (
+        _OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
+
+
+@attrs.frozen
+class _OutMarker:
+    """A step awaiting its arena buffer: `bind_buffers` replaces it with ``partial(fn, out=buffer)``."""
+
+    fn: Callable[..., Any]
+    slot: int
+
+
+def bind_buffers(plan: Plan, arena: np.ndarray) -> list[Step]:
+    """The plan's run loop with each ``out=`` bound to its view into ``arena``."""
+    views = {
+        s: arena[off : off + _nbytes(shape, dtype)].view(dtype).reshape(shape)
+        for s, (off, shape, dtype) in plan.buffers.items()
+    }
+    bound: list[Step] = []
+    for fn, ins, out0, outs, free in plan.steps:
+        if isinstance(fn, _OutMarker):
+            fn = functools.partial(fn.fn, out=views[fn.slot])
+        bound.append((fn, ins, out0, outs, free))
+    return bound
+
+
+def _report(full: ArenaPlan, real: ArenaPlan, buffers: int, arena_backed: int, inplace: int) -> dict[str, Any]:
+    return {
+        "arena_bytes": full.arena_bytes,
+        "naive_bytes": full.naive_bytes,
+        "live_set_bytes": full.live_set_bytes,
+        "arena_over_live_set": round(full.arena_bytes / full.live_set_bytes, 4) if full.live_set_bytes else 1.0,
+        "buffers": buffers,
+        "allocated_arena_bytes": align(real.arena_bytes),
+        "arena_backed_buffers": arena_backed,
+        "inplace_steps": inplace,
+    }
