@@ -334,3 +334,52 @@ def test_swiglu_gates_with_swish():
     out = call("SwiGLU", 28, a, b, alpha=1.5)
     np.testing.assert_allclose(out, a / (1 + np.exp(-1.5 * a)) * b, rtol=1e-5, atol=1e-7)
     assert out.dtype == np.float32 and call("Cast", 13, out, to=TensorProto.FLOAT16).dtype == np.float16
+
+
+# --- quantization ----------------------------------------------------------------
+
+
+def test_quantize_rounds_half_to_even_and_saturates():
+    """QuantizeLinear rounds x/scale half to even, adds the zero point, and clamps to the target range."""
+    x = np.array([0.5, 1.5, 2.5, -1.0, 1000.0, -1000.0], dtype=np.float32)
+    out = call("QuantizeLinear", 13, x, np.array(1.0, np.float32), np.array(10, np.uint8))
+    assert out.dtype == np.uint8
+    np.testing.assert_array_equal(out, [10, 12, 12, 9, 255, 0])
+    assert call("QuantizeLinear", 13, x, np.array(1.0, np.float32)).dtype == np.uint8  # no zero point: uint8
+    assert_matches_ort("QuantizeLinear", 13, [x, np.array(0.5, np.float32), np.array(-3, np.int8)])
+
+
+def test_quantize_per_axis_and_per_block():
+    """A 1-D scale applies along axis; a blocked scale repeats every block_size elements along axis."""
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    scale, zp = np.array([0.1, 0.2, 0.3], np.float32), np.array([1, 2, 3], np.int8)
+    assert_matches_ort("QuantizeLinear", 13, [x, scale, zp], {"axis": 1})
+    q = call("QuantizeLinear", 13, x, scale, zp, axis=1)
+    assert_matches_ort("DequantizeLinear", 13, [q, scale, zp], {"axis": 1})
+    blocked = np.array([[[0.1, 0.2]] * 3] * 2, np.float32).reshape(2, 3, 2)  # blocks of 2 along the last axis
+    got = call("QuantizeLinear", 21, x, blocked, None, axis=-1, block_size=2)
+    np.testing.assert_array_equal(got, np.clip(np.rint(x / np.repeat(blocked, 2, axis=-1)), 0, 255).astype(np.uint8))
+
+
+def test_dequantize_int32_has_no_precision_loss():
+    """DequantizeLinear of int32 accumulators keeps values beyond float32's 24-bit mantissa exact before scaling."""
+    x = np.array([2**25 + 1, -(2**25) - 1], dtype=np.int32)
+    out = call("DequantizeLinear", 13, x, np.array(1.0, np.float32))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, x.astype(np.float64).astype(np.float32))
+
+
+def test_dynamic_quantize_linear_matches_onnxruntime():
+    """DynamicQuantizeLinear picks a uint8 range that contains zero; y, scale and zero point match onnxruntime."""
+    x = (RNG.standard_normal((3, 5)) * 4 + 1).astype(np.float32)
+    assert_matches_ort("DynamicQuantizeLinear", 11, [x], num_outputs=3)
+
+
+def test_qlinear_matmul_matches_onnxruntime():
+    """QLinearMatMul equals quantize(dequantize(a) @ dequantize(b)) with exact integer accumulation."""
+    a = RNG.integers(0, 255, (3, 8), dtype=np.uint8)
+    b = RNG.integers(0, 255, (8, 4), dtype=np.uint8)
+    f32 = lambda v: np.array(v, np.float32)  # noqa: E731
+    u8 = lambda v: np.array(v, np.uint8)  # noqa: E731
+    inputs = [a, f32(0.02), u8(120), b, f32(0.03), u8(130), f32(0.5), u8(128)]
+    assert_matches_ort("QLinearMatMul", 10, inputs, atol=1)

@@ -1,4 +1,4 @@
-"""Kernels: Cast and CastLike, including float16, bfloat16, float8/float4 and int4 via ml_dtypes."""
+"""Kernels: Cast and CastLike (float16, bfloat16, float8/float4, int4 via ml_dtypes) and linear (de)quantization."""
 
 from __future__ import annotations
 
@@ -106,3 +106,131 @@ def cast_like(x, target_type):
 
 
 KERNELS: list = [cast_24, cast_19, cast_1, cast_like_24, cast_like_19, cast_like]
+
+
+# --- linear quantization -------------------------------------------------------
+
+
+def spread(param: np.ndarray, x: np.ndarray, axis: int, block_size: int = 0) -> np.ndarray:
+    """A scale or zero point laid out to broadcast against x: per tensor, per axis, or per block."""
+    p = np.asarray(param)
+    if p.ndim == 0 or x.ndim == 0:
+        return p.reshape(()) if p.size == 1 else p
+    axis = axis % x.ndim
+    if block_size > 0 and p.ndim == x.ndim:
+        return np.repeat(p, block_size, axis=axis).take(np.arange(x.shape[axis]), axis=axis)
+    if p.ndim == 1:
+        shape = [1] * x.ndim
+        shape[axis] = p.shape[0]
+        return p.reshape(shape)
+    return p
+
+
+def _int_range(dtype: np.dtype) -> tuple[int, int]:
+    if is_exotic(dtype):
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(dtype)
+    else:
+        info = np.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def quantize(x, scale, zero_point, *, axis=1, block_size=0, output_dtype=0, saturate=1, precision=0):
+    """saturate(round_half_even(x / scale) + zero_point) in the quantized type."""
+    if output_dtype:
+        target = minfer_core.onnx_dtype(output_dtype)
+    else:
+        target = np.dtype(np.uint8) if zero_point is None else zero_point.dtype
+    s = spread(scale, x, axis, block_size)
+    # the division runs in the scale's precision unless `precision` says otherwise
+    prec = minfer_core.onnx_dtype(precision) if precision else s.dtype
+    if is_exotic(prec) and "e8m0" in prec.name:
+        prec = np.dtype(np.float32)
+    with np.errstate(all="ignore"):
+        v = x.astype(prec) / s.astype(prec)
+        v = v.astype(np.float64 if x.dtype == np.int32 else np.float32)
+        zp = 0 if zero_point is None else spread(zero_point, x, axis, block_size).astype(v.dtype)
+        if "float" in target.name:
+            return cast(v + zp, target, saturate)
+        lo, hi = _int_range(target)
+        return arr(np.clip(np.rint(v) + zp, lo, hi), target)
+
+
+def dequantize(x, scale, zero_point, *, axis=1, block_size=0, output_dtype=0):
+    """(x - zero_point) * scale in the scale's type (or output_dtype)."""
+    target = minfer_core.onnx_dtype(output_dtype) if output_dtype else scale.dtype
+    work = np.float64 if x.dtype == np.int32 else np.float32  # int32 accumulators exceed float32's 24 bits
+    v = x.astype(work)
+    if zero_point is not None:
+        v = v - spread(zero_point, x, axis, block_size).astype(work)
+    return arr(v * spread(scale, x, axis, block_size).astype(work), target)
+
+
+@kernel("QuantizeLinear", since=23)
+def quantize_linear_23(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, precision=0, saturate=1):
+    """QuantizeLinear-23: adds `precision` for the division."""
+    return quantize(x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype, saturate=saturate, precision=precision)
+
+
+@kernel("QuantizeLinear", since=21)
+def quantize_linear_21(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1):
+    """QuantizeLinear-21: blocked quantization and an explicit output_dtype."""
+    return quantize(x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype, saturate=saturate)
+
+
+@kernel("QuantizeLinear", since=19)
+def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
+    """QuantizeLinear-19: float8 targets, clamped when saturate=1."""
+    return quantize(x, y_scale, y_zero_point, axis=axis, saturate=saturate)
+
+
+@kernel("QuantizeLinear", since=13)
+def quantize_linear_13(x, y_scale, y_zero_point=None, *, axis=1):
+    """QuantizeLinear-13: per-tensor or per-axis scale."""
+    return quantize(x, y_scale, y_zero_point, axis=axis)
+
+
+@kernel("QuantizeLinear", since=10)
+def quantize_linear_10(x, y_scale, y_zero_point=None):
+    """QuantizeLinear-10: per-tensor scale into uint8/int8."""
+    return quantize(x, y_scale, y_zero_point)
+
+
+@kernel("DequantizeLinear", since=23)
+def dequantize_linear_23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
+    """DequantizeLinear-23: adds an explicit output_dtype."""
+    return dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype)
+
+
+@kernel("DequantizeLinear", since=21)
+def dequantize_linear_21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
+    """DequantizeLinear-21: blocked dequantization."""
+    return dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size)
+
+
+@kernel("DequantizeLinear", since=13)
+def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis=1):
+    """DequantizeLinear-13: per-tensor or per-axis scale."""
+    return dequantize(x, x_scale, x_zero_point, axis=axis)
+
+
+@kernel("DequantizeLinear", since=10)
+def dequantize_linear_10(x, x_scale, x_zero_point=None):
+    """DequantizeLinear-10: per-tensor scale."""
+    return dequantize(x, x_scale, x_zero_point)
+
+
+@kernel("DynamicQuantizeLinear", since=11)
+def dynamic_quantize_linear(x):
+    """DynamicQuantizeLinear-11: uint8 quantization whose range always includes 0; returns y, scale, zero point."""
+    hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))
+    lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
+    scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
+    zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
+    y = np.clip(np.rint(x / scale) + zp, 0, 255)
+    return y.astype(np.uint8), np.asarray(scale, dtype=x.dtype), np.asarray(zp, dtype=np.uint8)
+
+
+KERNELS += [quantize_linear_23, quantize_linear_21, quantize_linear_19, quantize_linear_13, quantize_linear_10]
+KERNELS += [dequantize_linear_23, dequantize_linear_21, dequantize_linear_13, dequantize_linear_10, dynamic_quantize_linear]

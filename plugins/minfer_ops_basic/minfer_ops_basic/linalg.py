@@ -1,4 +1,4 @@
-"""Kernels: MatMul, Gemm, Einsum, Det, MatMulInteger."""
+"""Kernels: MatMul, Gemm, Einsum, Det, MatMulInteger, QLinearMatMul."""
 
 from __future__ import annotations
 
@@ -115,4 +115,18 @@ def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     return arr(np.rint(y), np.int32)
 
 
-KERNELS: list = [matmul_1, gemm, gemm_1, einsum, det, matmul_integer]
+@kernel("QLinearMatMul", since=10)
+def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    """QLinearMatMul-10: exact integer product of the centered operands, rescaled once, rounded, saturated."""
+    acc = np.matmul(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    sa = np.asarray(a_scale, dtype=np.float64)
+    sa = sa.reshape(-1, 1) if sa.ndim == 1 else sa  # a 1-D a_scale is per row
+    y = acc * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))
+    target = a.dtype if y_zero_point is None else y_zero_point.dtype
+    if y_zero_point is not None:
+        y = y + y_zero_point.astype(np.float64)
+    info = np.iinfo(target)
+    return arr(np.clip(np.rint(y), info.min, info.max), target)
+
+
+KERNELS: list = [matmul_1, gemm, gemm_1, einsum, det, matmul_integer, qlinear_matmul]
