@@ -163,3 +163,17 @@ def test_placement_never_overlaps_blocks_live_together(spec):
                 assert oa + align(a.size) <= ob or ob + align(b.size) <= oa
         assert offsets[a.key] % 64 == 0 and offsets[a.key] + a.size <= top
     assert top >= live_set_bytes(bs, 41)
+
+
+def test_alternating_shapes_share_one_arena(out_plugin):
+    """Plans for different input shapes index one grow-only arena: alternating shapes allocate nothing new."""
+    nodes = [node("AddOut", ["x", "b"], ["a"], "add"), node("ReluOut", ["a"], ["r"], "relu"), node("Twice", ["r"], ["y"], "t")]
+    model = make_model(nodes, [tensor("x", ["M", N])], [tensor("y", ["M", N])], [_bias()], extra_opsets=[ok.opset()])
+    sess = InferenceSession(model)
+    for m in (4, 64, 4):
+        sess.run(None, {"x": np.ones((m, N), np.float32)})
+    arena = sess._arena
+    for i, m in enumerate((64, 4, 17, 4, 64)):
+        x = np.random.default_rng(i).standard_normal((m, N)).astype(np.float32)
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], 2 * np.maximum(x + np.float32(0.5), 0), rtol=1e-6)
+    assert sess._arena is arena  # 17 rows fit in the arena sized for 64
