@@ -21,32 +21,44 @@ def _wide(dtype: np.dtype) -> np.dtype:
     return dtype
 
 
-def _trailing_axes(x: np.ndarray, axis: int) -> tuple[int, ...]:
-    return tuple(range(axis % x.ndim, x.ndim))
+def _rows(x: np.ndarray, axis: int) -> tuple[int, int, tuple[int, ...]]:
+    """Normalizing over axes [axis, rank) is normalizing the rows of x as (outer, inner)."""
+    axis = axis % x.ndim
+    outer = math.prod(x.shape[:axis])
+    return outer, math.prod(x.shape[axis:]), x.shape[:axis] + (1,) * (x.ndim - axis)
+
+
+def _mean_square(rows: np.ndarray) -> np.ndarray:
+    """Row-wise mean of squares without materializing the squares."""
+    return np.einsum("ij,ij->i", rows, rows) / np.asarray(max(rows.shape[1], 1), rows.dtype)
 
 
 @kernel("LayerNormalization", since=17)
 def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
     """LayerNormalization-17: standardize over axes [axis, rank), then scale and shift; also Mean, InvStdDev."""
     stash = minfer_core.onnx_dtype(stash_type)
-    axes = _trailing_axes(x, axis)
-    v = x.astype(stash, copy=False)
-    mean = np.mean(v, axis=axes, keepdims=True)
-    d = v - mean
-    inv_std = 1 / np.sqrt(np.mean(d * d, axis=axes, keepdims=True) + np.asarray(epsilon, stash))
-    y = d * inv_std * scale.astype(stash, copy=False)
+    outer, inner, stat_shape = _rows(x, axis)
+    v = x.astype(stash, copy=False).reshape(outer, inner)
+    mean = np.mean(v, axis=1, keepdims=True)
+    d = v - mean  # a fresh array: everything below works in place on it
+    inv_std = 1 / np.sqrt(_mean_square(d) + np.asarray(epsilon, stash))[:, None]
+    d *= inv_std
+    y = d.reshape(x.shape)
+    y *= scale.astype(stash, copy=False)
     if b is not None:
         y += b.astype(stash, copy=False)
-    return arr(y, x.dtype), arr(mean, stash), arr(inv_std, stash)
+    return arr(y, x.dtype), arr(mean.reshape(stat_shape), stash), arr(inv_std.reshape(stat_shape), stash)
 
 
 @kernel("RMSNormalization", since=23)
 def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
     """RMSNormalization-23: x / sqrt(mean(x*x over axes [axis, rank)) + epsilon) * scale."""
     stash = minfer_core.onnx_dtype(stash_type)
-    v = x.astype(stash, copy=False)
-    ms = np.mean(v * v, axis=_trailing_axes(x, axis), keepdims=True)
-    y = v / np.sqrt(ms + np.asarray(epsilon, stash)) * scale.astype(stash, copy=False)
+    outer, inner, _ = _rows(x, axis)
+    v = x.astype(stash, copy=False).reshape(outer, inner)
+    inv_rms = 1 / np.sqrt(_mean_square(v) + np.asarray(epsilon, stash))[:, None]
+    y = (v * inv_rms).reshape(x.shape)
+    y *= scale.astype(stash, copy=False)
     return arr(y, x.dtype)
 
 
