@@ -21,14 +21,29 @@ def _apply(x: np.ndarray, fn: Callable[[np.ndarray], Any]) -> np.ndarray:
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
-    """Logistic function without overflow: exp only ever sees -|x|."""
-    e = np.exp(-np.abs(x))
-    one = np.ones((), dtype=e.dtype)
-    return np.where(x >= 0, one / (one + e), e / (one + e))
+    """Logistic function without overflow: exp only ever sees -|x|; e/(1+e) keeps negatives accurate."""
+    e = np.abs(x)
+    np.negative(e, out=e)
+    np.exp(e, out=e)
+    out = np.where(x >= 0, np.ones((), dtype=e.dtype), e)
+    e += 1
+    out /= e
+    return out
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(np.zeros((), dtype=x.dtype), x)
+
+
+def _mish(x: np.ndarray) -> np.ndarray:
+    """x * tanh(softplus(x)) with tanh(log(1 + e)) = n / (n + 2), n = e * (e + 2), e = exp(x)."""
+    e = np.exp(np.minimum(x, 20))  # beyond 20 the ratio is 1 in every float type
+    n = e + 2
+    n *= e
+    out = n + 2
+    np.divide(n, out, out=out)
+    out *= x
+    return out
 
 
 KERNELS: list = []
@@ -37,7 +52,7 @@ KERNELS += unary_kernels("Sigmoid", sigmoid, 1, legacy=True, name="1 / (1 + exp(
 KERNELS += unary_kernels("Tanh", np.tanh, 1, legacy=True, name="tanh")
 KERNELS += unary_kernels("Softplus", _softplus, 1, name="log(1 + exp(x))")
 KERNELS += unary_kernels("Softsign", lambda x: x / (np.ones((), dtype=x.dtype) + np.abs(x)), 1, name="x / (1 + |x|)")
-KERNELS += unary_kernels("Mish", lambda x: x * np.tanh(_softplus(x)), 18, name="x * tanh(softplus(x))")
+KERNELS += unary_kernels("Mish", _mish, 18, name="x * tanh(softplus(x))")
 
 
 def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
@@ -94,7 +109,9 @@ def celu(x, *, alpha=1.0):
 
 
 def _leaky_relu(x: np.ndarray, alpha: float) -> np.ndarray:
-    return _apply(x, lambda v: np.where(v >= 0, v, v * scalar(alpha, v)))
+    # max(x, alpha*x) picks x for x >= 0 when alpha <= 1; min does when alpha > 1
+    pick = np.maximum if alpha <= 1 else np.minimum
+    return _apply(x, lambda v: pick(v, v * scalar(alpha, v)))
 
 
 @kernel("LeakyRelu", since=6)
@@ -174,7 +191,11 @@ def gelu(x, *, approximate="none"):
         return _apply(x, _gelu_tanh)
     # erf is evaluated in float64 anyway; do the whole formula there and round once
     x64 = x.astype(np.float64)
-    return arr(0.5 * x64 * (1.0 + erf(x64 * math.sqrt(0.5))), x.dtype)
+    y = erf(x64 * math.sqrt(0.5), precise=x.dtype == np.float64)
+    y += 1.0
+    y *= x64
+    y *= 0.5
+    return arr(y, x.dtype)
 
 
 # --- Clip --------------------------------------------------------------------

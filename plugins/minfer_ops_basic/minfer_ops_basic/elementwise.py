@@ -123,7 +123,7 @@ def _erf_abs_fast(a: np.ndarray) -> np.ndarray:
     out *= u
     np.subtract(1.0, out, out=out)
     np.copyto(out, small, where=a < 1)
-    np.copyto(out, 1.0, where=~(a < 4))  # also catches inf, whose polynomial value is nan
+    np.copyto(out, 1.0, where=a >= 4)  # includes inf, whose polynomial value is nan; nan stays nan
     return out
 
 
@@ -138,17 +138,20 @@ def _erf_abs_precise(a: np.ndarray) -> np.ndarray:
     return out
 
 
-def erf(x: np.ndarray) -> np.ndarray:
+def erf(x: np.ndarray, precise: bool | None = None) -> np.ndarray:
     """Vectorized erf of a float array, computed and returned in float64.
 
-    float64 inputs get ~1e-14 relative accuracy; narrower floats a faster fit
-    whose float32 rounding matches the correctly rounded erf.
+    ``precise`` (default: x is float64) gives ~1e-14 relative accuracy; otherwise
+    a faster fit whose float32 rounding matches the correctly rounded erf.
     """
-    precise = np.asarray(x).dtype == np.float64
+    if precise is None:
+        precise = np.asarray(x).dtype == np.float64
     x64 = np.asarray(x, dtype=np.float64)
     a = np.abs(x64)
     with np.errstate(invalid="ignore"):  # inf inputs make nan polynomial values that are then replaced
-        out = np.copysign(_erf_abs_precise(a) if precise else _erf_abs_fast(a), x64)
+        if not precise:
+            return np.copysign(_erf_abs_fast(a), x64, out=a)
+        out = np.copysign(_erf_abs_precise(a), x64)
     return np.where(np.isnan(x64), x64, out)
 
 
