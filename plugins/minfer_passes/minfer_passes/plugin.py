@@ -1,10 +1,67 @@
-"""Entry point of minfer-passes: registers its passes through the public hook."""
+"""Entry point of minfer-passes: registers its passes, and the fused ops and kernels they create.
+
+Levels follow onnxruntime's: ``basic`` passes rewrite with standard ops
+only (folding, elimination, weight folding); ``extended`` passes create
+minfer's own ``ai.minfer`` ops (fused activations, scalar forms, weighted
+sums); ``all`` adds layout rewrites that change which kernel runs.
+"""
 
 from __future__ import annotations
 
-from minfer_core import hookimpl
+from typing import Any, Callable
 
-PASSES: list = []
+from minfer_core import Pass, hookimpl
+
+from . import activation, algebra, elimination, fusion, folding, layout, ops, portable, shapes
+from ._util import fixpoint
+
+
+def _patterns(name: str) -> Callable[[], Any]:
+    def strategy() -> Any:
+        from . import patterns  # hypothesis is a test dependency: import it only when the suite asks
+
+        return getattr(patterns, name)()
+
+    return strategy
+
+
+def _pass(fn: Callable[..., bool], level: str, *, loop: bool = False, **kw: Any) -> Pass:
+    name = fn.__name__
+    doc = (fn.__doc__ or "").strip()
+    return Pass(name, fixpoint(fn) if loop else fn, level, doc=doc, patterns=_patterns(name), **kw)
+
+
+TYPED = ("shape_inference",)
+
+PASSES = [
+    _pass(shapes.shape_inference, "basic"),
+    _pass(folding.shape_folding, "basic", requires=TYPED, before=("constant_folding",)),
+    _pass(folding.constant_folding, "basic", after=TYPED),
+    _pass(elimination.identity_elimination, "basic", requires=TYPED, after=("constant_folding",), loop=True),
+    _pass(fusion.conv_bn_fusion, "basic", after=("constant_folding", "identity_elimination"), rtol=1e-4, atol=1e-5),
+    _pass(fusion.affine_fusion, "basic", requires=TYPED, after=("conv_bn_fusion",), loop=True, rtol=1e-4, atol=1e-5),
+    _pass(fusion.matmul_add_to_gemm, "basic", requires=TYPED, after=("constant_folding",), rtol=1e-5, atol=1e-6),
+    _pass(layout.transpose_merge, "basic", loop=True),
+    _pass(layout.reshape_merge, "basic", after=("constant_folding",), loop=True),
+    _pass(elimination.dead_code_elimination, "basic", after=("constant_folding", "reshape_merge", "identity_elimination")),
+    _pass(layout.global_pool_flatten, "all", requires=TYPED, rtol=1e-5, atol=1e-6),
+    _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
+          after=("affine_fusion", "matmul_add_to_gemm")),
+    _pass(algebra.scalar_binary, "extended", requires=TYPED, after=("affine_fusion", "matmul_add_to_gemm")),
+    _pass(activation.activation_fusion, "extended", requires=TYPED,
+          after=("conv_bn_fusion", "affine_fusion", "matmul_add_to_gemm"), rtol=1e-5, atol=1e-6),
+    _pass(portable.expand_fused, "basic", role="portable"),
+]
+
+
+@hookimpl
+def register_ops(register):
+    register(ops.OPS)
+
+
+@hookimpl
+def register_kernels(register):
+    register(ops.KERNELS)
 
 
 @hookimpl

@@ -1,0 +1,188 @@
+"""Hypothesis strategies for minfer graphs (like ``hypothesis.extra.numpy``).
+
+- `graphs()`: random valid graphs built from the registered op schemas:
+  elementwise ops whose ONNX schema takes float tensors, has no required
+  attribute and has a kernel in the registry, chained over values of one
+  shape with broadcasting constants, plus Conv/BatchNormalization/pooling
+  and layout motifs where their kernels are installed.
+- Building blocks for a pass's target strategy (`Pass.patterns`):
+  `shapes`, `floats_array`, `expose` (random context around an intermediate
+  value: an extra consumer, or making it a graph output, so the pass is
+  exercised where it must not fire too).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Sequence
+
+import numpy as np
+from hypothesis import strategies as st
+
+from ..graph import Graph
+from .builder import GraphBuilder
+
+# Two-input ops that do not broadcast elementwise (their shapes follow other rules).
+NOT_ELEMENTWISE = {"MatMul", "MatMulInteger", "QLinearMatMul", "PRelu", "GatherElements", "Gather", "Expand", "Tile"}
+# Discontinuous ops turn a pass's allowed rounding into a jump; overflowing ones into inf: left out.
+UNSTABLE = {"Round", "Ceil", "Floor", "Sign", "Hardmax", "ThresholdedRelu", "Shrink", "Exp", "Pow", "Reciprocal", "Div", "Log", "Tan", "Cosh", "Sinh", "Acosh", "Atanh", "Mod", "Erf"}
+UNARY_EXTRA_INPUTS_OK = {"Clip"}
+
+
+@functools.lru_cache(maxsize=None)
+def _schema_ops(opset: int, kernels: frozenset[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(unary, binary) float elementwise op types with a kernel, from onnx.defs."""
+    import onnx
+
+    unary, binary = [], []
+    for op_type in sorted(kernels):
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, "")
+        except Exception:
+            continue
+        if op_type in UNSTABLE or op_type in NOT_ELEMENTWISE or any(a.required for a in schema.attributes.values()) or len(schema.outputs) != 1:
+            continue
+        if not _takes_float(schema):
+            continue
+        ins = [i for i in schema.inputs if i.option != onnx.defs.OpSchema.FormalParameterOption.Optional]
+        same = schema.inputs and all(i.type_str == schema.outputs[0].type_str for i in schema.inputs[:len(ins)])
+        if len(ins) == 1 and same and _keeps_shape(schema, op_type, opset, 1):
+            unary.append(op_type)
+        elif len(ins) == 2 and len(schema.inputs) == 2 and same and _keeps_shape(schema, op_type, opset, 2):
+            binary.append(op_type)
+    return tuple(unary), tuple(binary)
+
+
+def _keeps_shape(schema: Any, op_type: str, opset: int, arity: int) -> bool:
+    """Whether onnx's inference says the op maps float[2,3,1,5] inputs (the second broadcast) to float[2,3,1,5]."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    names = [f"i{i}" for i in range(arity)]
+    shapes_ = [[2, 3, 1, 5], [3, 1, 1]][:arity]
+    types = {n: helper.make_tensor_type_proto(TensorProto.FLOAT, s) for n, s in zip(names, shapes_)}
+    try:
+        out = onnx.shape_inference.infer_node_outputs(
+            schema, helper.make_node(op_type, names, ["y"]), types, opset_imports=[helper.make_opsetid("", opset)])
+    except Exception:
+        return False
+    tt = out["y"].tensor_type if "y" in out else None
+    return tt is not None and tt.elem_type == TensorProto.FLOAT and [d.dim_value for d in tt.shape.dim] == [2, 3, 1, 5]
+
+
+def _takes_float(schema: Any) -> bool:
+    for c in schema.type_constraints:
+        if c.type_param_str == schema.outputs[0].type_str:
+            return "tensor(float)" in c.allowed_type_strs
+    return False
+
+
+def _registered(opset: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    from ..plugins import get_registry
+
+    reg = get_registry()
+    names = frozenset(op for (dom, op) in reg.kernels if dom == "" and reg.select_kernel("", op, opset) is not None)
+    return _schema_ops(opset, names)
+
+
+def has_kernels(*op_types: str, opset: int = 17) -> bool:
+    """Whether every standard op in ``op_types`` has a kernel at ``opset``."""
+    from ..plugins import get_registry
+
+    return all(get_registry().select_kernel("", t, opset) is not None for t in op_types)
+
+
+def shapes(min_rank: int = 1, max_rank: int = 4, max_side: int = 5) -> st.SearchStrategy[tuple[int, ...]]:
+    """Small static shapes."""
+    return st.lists(st.integers(1, max_side), min_size=min_rank, max_size=max_rank).map(tuple)
+
+
+@st.composite
+def floats_array(draw: Any, shape: Sequence[int], low: float = -1.0, high: float = 1.0,
+                 dtype: Any = np.float32) -> np.ndarray:
+    """An array of ``shape`` with values in [low, high] (drawn from a seed: fast and shrinkable)."""
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    return rng.uniform(low, high, size=tuple(shape)).astype(dtype)
+
+
+def expose(draw: Any, b: GraphBuilder, value: str) -> str:
+    """Random context around ``value``: nothing, an extra consumer, or a graph output in the middle.
+
+    Returns which was chosen. A fusion through ``value`` must not fire in the
+    last two cases; the outputs must hold in all three.
+    """
+    how = draw(st.sampled_from(["none", "none", "consumer", "output"]))
+    if how == "consumer":
+        b.output(b.op("Neg", value) if has_kernels("Neg") else b.op("Identity", value))
+    elif how == "output":
+        b.output(value)
+    return how
+
+
+@st.composite
+def graphs(draw: Any, max_nodes: int = 8, opset: int = 17) -> Graph:
+    """A random valid graph of registered float elementwise ops and motifs, over one NCHW shape."""
+    unary, binary = _registered(opset)
+    b = GraphBuilder(opset)
+    shape = draw(st.tuples(st.integers(1, 2), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5)))
+    values = [b.input(shape)]
+    if draw(st.booleans()):
+        values.append(b.input(shape))
+    motifs = [m for m in MOTIFS if has_kernels(*m.__needs__, opset=opset)]
+    for _ in range(draw(st.integers(1, max_nodes))):
+        src = draw(st.sampled_from(values))
+        kind = draw(st.sampled_from(["unary", "binary", "motif"]))
+        if kind == "unary" and unary:
+            values.append(b.op(draw(st.sampled_from(unary)), src))
+        elif kind == "binary" and binary:
+            other = draw(st.sampled_from(values)) if draw(st.booleans()) else b.const(
+                draw(floats_array(draw(st.sampled_from([(), (1,), (shape[1], 1, 1), shape[-1:]])))))
+            values.append(b.op(draw(st.sampled_from(binary)), src, other))
+        elif motifs:
+            values.append(draw(st.sampled_from(motifs))(draw, b, src, shape))
+    b.output(values[-1])
+    for v in values[1:-1]:
+        if draw(st.integers(0, 3)) == 0:
+            b.output(v)
+    return b.build()
+
+
+def _conv_bn(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+    c = shape[1]
+    w = b.const(draw(floats_array((c, c, 1, 1))))
+    y = b.op("Conv", x, w, b.const(draw(floats_array((c,)))), kernel_shape=[1, 1])
+    params = [draw(floats_array((c,), lo, hi)) for lo, hi in ((0.5, 1.5), (-1, 1), (-1, 1), (0.5, 2))]
+    return b.op("BatchNormalization", y, *[b.const(p) for p in params])
+
+
+_conv_bn.__needs__ = ("Conv", "BatchNormalization")  # type: ignore[attr-defined]
+
+
+def _pool_same(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+    return b.op("MaxPool", x, kernel_shape=[1, 1]) if draw(st.booleans()) else b.op(
+        "AveragePool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)
+
+
+_pool_same.__needs__ = ("MaxPool", "AveragePool")  # type: ignore[attr-defined]
+
+
+def _transpose_pair(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+    perm = draw(st.permutations(range(4)))
+    inverse = list(np.argsort(perm))
+    return b.op("Transpose", b.op("Transpose", x, perm=list(perm)), perm=[int(i) for i in inverse])
+
+
+_transpose_pair.__needs__ = ("Transpose",)  # type: ignore[attr-defined]
+
+
+def _identities(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+    op = draw(st.sampled_from(["Identity", "Dropout", "Reshape"]))
+    if op == "Reshape":
+        return b.op("Reshape", x, b.const(np.array(shape, dtype=np.int64)))
+    return b.op(op, x)
+
+
+_identities.__needs__ = ("Identity", "Dropout", "Reshape")  # type: ignore[attr-defined]
+
+MOTIFS = [_conv_bn, _pool_same, _transpose_pair, _identities]

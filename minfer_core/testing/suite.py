@@ -1,0 +1,92 @@
+"""The hypothesis-driven properties the suite enforces for every installed pass, and its profiles.
+
+Profiles (``--hypothesis-profile=NAME`` or ``MINFER_HYPOTHESIS_PROFILE=NAME``):
+``minfer-ci`` draws few, derandomized examples per property so the whole
+suite stays within CI time on two cores; ``minfer-nightly`` draws 40 times
+as many with fresh randomness each run, for a scheduled job.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Sequence
+
+from ..passes import Pass
+from .checks import PassCheckFailure, check_pass, check_pipeline
+
+PROFILES = {
+    "minfer-ci": dict(max_examples=12, derandomize=True),
+    "minfer-nightly": dict(max_examples=500),
+}
+
+
+def register_profiles() -> None:
+    """Register the minfer hypothesis profiles (idempotent)."""
+    from hypothesis import HealthCheck, settings
+
+    for name, kw in PROFILES.items():
+        settings.register_profile(
+            name,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
+            print_blob=True,
+            **kw,
+        )
+
+
+def verify_pass(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None) -> int:
+    """Check ``p`` on examples from its target strategy; returns how many examples it fired on.
+
+    Raises `PassCheckFailure` (after hypothesis shrinks the graph) when a rule
+    breaks, and when the pass declares no target strategy or never fires on
+    it: a pass that is never exercised cannot pass vacuously.
+    """
+    from hypothesis import given
+
+    if p.patterns is None:
+        raise PassCheckFailure(
+            f"pass {p.name!r} (from {p.plugin}) declares no target strategy (Pass.patterns): "
+            "the suite cannot show it fires where it must and keeps outputs"
+        )
+    installed = list(installed)
+    fired: list[bool] = []
+
+    @given(p.patterns())
+    def prop(graph: Any) -> None:
+        fired.append(check_pass(p, graph, installed=installed).changed)
+
+    if settings is not None:
+        prop = settings(prop)
+    prop()
+    if not any(fired):
+        raise PassCheckFailure(
+            f"pass {p.name!r} (from {p.plugin}) never changed any of {len(fired)} graphs from its target "
+            "strategy: either it is broken or its strategy does not contain its pattern"
+        )
+    return sum(fired)
+
+
+def verify_on_random_graphs(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None) -> None:
+    """Check ``p`` keeps outputs, validity and idempotence on random graphs (it need not fire)."""
+    from hypothesis import given
+
+    from .strategies import graphs
+
+    installed = list(installed)
+
+    @given(graphs())
+    def prop(graph: Any) -> None:
+        check_pass(p, graph, installed=installed)
+
+    (settings(prop) if settings is not None else prop)()
+
+
+def verify_pipeline(passes: Sequence[Pass], sources: Sequence[Any], *, settings: Any = None) -> None:
+    """Check the ordered ``passes`` run to a fixed point keep outputs on graphs from ``sources``."""
+    from hypothesis import given
+    from hypothesis import strategies as st
+
+    @given(st.one_of(*sources))
+    def prop(graph: Any) -> None:
+        check_pipeline(graph, passes)
+
+    (settings(prop) if settings is not None else prop)()

@@ -1,0 +1,187 @@
+"""minfer's own fused operators (domain ``ai.minfer``), their inference and their kernels.
+
+Fused nodes the passes create:
+
+- ``FusedConv(X, W, [B])``, ``FusedGemm(A, B, [C])``, ``FusedMatMul(A, B)``: the
+  base op's attributes unchanged, plus ``activation`` (an ONNX op name: Relu,
+  LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh) and
+  ``activation_params`` (floats: alpha for LeakyRelu, [min, max] for Clip,
+  [alpha, beta] for HardSigmoid). The kernel computes the base op with the
+  *registered* kernel of the standard op, looked up through the public
+  registry (this plugin cannot import the one that implements Conv or Gemm,
+  and should not: a faster Conv from any plugin then speeds up FusedConv too),
+  then applies the activation in place on the fresh result.
+- ``BinaryScalar(X; op, scalar, reverse)``: ``X op scalar`` (or ``scalar op X``
+  when ``reverse``) for op in Add/Sub/Mul/Div, with a 0-d ``scalar`` tensor.
+- ``WeightedSum(A, B; weights)``: ``A*weights[0] + B*weights[1]`` with the
+  products rounded to the inputs' dtype first, exactly as Mul, Mul, Add would.
+
+All of them expand back to standard ops (`minfer_passes.portable`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from minfer_core import TensorType, get_registry, kernel, op
+
+from ._util import MINFER_DOMAIN, prepare
+
+BASE_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"}
+NEWEST = 10_000  # fused kernels use the newest kernel of their base op: Conv, Gemm-7+ and MatMul agree across versions
+
+
+# ---- activations, applied in place --------------------------------------------
+
+
+def _relu(y: np.ndarray, p: list[float]) -> None:
+    np.maximum(y, 0, out=y)
+
+
+def _leaky_relu(y: np.ndarray, p: list[float]) -> None:
+    alpha = p[0] if p else 0.01
+    np.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
+
+
+def _clip(y: np.ndarray, p: list[float]) -> None:
+    lo, hi = (p + [-np.inf, np.inf])[:2] if p else (-np.inf, np.inf)
+    np.clip(y, y.dtype.type(lo), y.dtype.type(hi), out=y)
+
+
+def _sigmoid(y: np.ndarray, p: list[float]) -> None:
+    with np.errstate(over="ignore"):
+        np.negative(y, out=y)
+        np.exp(y, out=y)
+        y += 1
+        np.reciprocal(y, out=y)
+
+
+def _hard_sigmoid(y: np.ndarray, p: list[float]) -> None:
+    alpha, beta = (p + [0.2, 0.5][len(p):])[:2]
+    y *= y.dtype.type(alpha)
+    y += y.dtype.type(beta)
+    np.clip(y, 0, 1, out=y)
+
+
+def _hard_swish(y: np.ndarray, p: list[float]) -> None:
+    gate = y * y.dtype.type(1 / 6) + y.dtype.type(0.5)
+    np.clip(gate, 0, 1, out=gate)
+    y *= gate
+
+
+def _tanh(y: np.ndarray, p: list[float]) -> None:
+    np.tanh(y, out=y)
+
+
+ACTIVATIONS: dict[str, Callable[[np.ndarray, list[float]], None]] = {
+    "Relu": _relu,
+    "LeakyRelu": _leaky_relu,
+    "Clip": _clip,
+    "Sigmoid": _sigmoid,
+    "HardSigmoid": _hard_sigmoid,
+    "HardSwish": _hard_swish,
+    "Tanh": _tanh,
+}
+
+
+# ---- fused base op + activation -------------------------------------------------
+
+
+def _fused(base: str) -> Callable[..., Any]:
+    def factory(ctx: Any, *, activation: str, activation_params: list[float] | None = None, **attrs: Any) -> Any:
+        inner = get_registry().select_kernel("", base, NEWEST)
+        if inner is None:
+            raise LookupError(f"Fused{base} needs a kernel for {base}; none is installed")
+        act = ACTIVATIONS[activation]
+        params = [float(v) for v in (activation_params or [])]
+        fn = prepare(inner, base, NEWEST, attrs, list(ctx.constants), 1, ctx.node_name, ctx.input_types)
+
+        def run(*inputs: np.ndarray) -> np.ndarray:
+            y = fn(*inputs)
+            # the activation writes into y: never into memory an input or a constant owns
+            if not y.flags.writeable or any(np.may_share_memory(y, x) for x in inputs if x is not None):
+                y = y.copy()
+            act(y, params)
+            return y
+
+        return run
+
+    factory.__doc__ = f"ai.minfer::Fused{base}-1: {base} with the registered kernel, then the activation in place."
+    return factory
+
+
+fused_conv = kernel("FusedConv", domain=MINFER_DOMAIN, prepare=True)(_fused("Conv"))
+fused_gemm = kernel("FusedGemm", domain=MINFER_DOMAIN, prepare=True)(_fused("Gemm"))
+fused_matmul = kernel("FusedMatMul", domain=MINFER_DOMAIN, prepare=True)(_fused("MatMul"))
+
+BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+
+
+@kernel("BinaryScalar", domain=MINFER_DOMAIN)
+def binary_scalar(x, *, op, scalar, reverse=0):
+    """ai.minfer::BinaryScalar-1: x op scalar (scalar op x when reverse) for Add/Sub/Mul/Div."""
+    s = np.asarray(scalar, dtype=x.dtype)
+    return np.asarray(BINARY[op](s, x) if reverse else BINARY[op](x, s))
+
+
+@kernel("WeightedSum", domain=MINFER_DOMAIN)
+def weighted_sum(a, b, *, weights):
+    """ai.minfer::WeightedSum-1: a*weights[0] + b*weights[1], each product rounded to the dtype."""
+    w = np.asarray(weights, dtype=a.dtype)
+    return np.asarray(np.multiply(a, w[0]) + np.multiply(b, w[1]))
+
+
+KERNELS = [fused_conv, fused_gemm, fused_matmul, binary_scalar, weighted_sum]
+
+
+# ---- shape and dtype inference ---------------------------------------------------
+
+
+def _type_proto(t: TensorType | None) -> onnx.TypeProto | None:
+    if t is None:
+        return None
+    shape = None if t.shape is None else list(t.shape)
+    return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(t.dtype), shape)
+
+
+def _from_proto(tp: onnx.TypeProto) -> TensorType | None:
+    tt = tp.tensor_type
+    if not tt.elem_type:
+        return None
+    dims = None
+    if tt.HasField("shape"):
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim]
+    return TensorType(helper.tensor_dtype_to_np_dtype(tt.elem_type), dims)
+
+
+def _infer_as(base: str) -> Callable[..., list[TensorType | None]]:
+    def infer(*types: TensorType | None, activation: str = "", activation_params: Any = None, **attrs: Any) -> list:
+        names = [f"i{i}" for i in range(len(types))]
+        node = helper.make_node(base, names, ["y"], **attrs)
+        known = {n: _type_proto(t) for n, t in zip(names, types) if t is not None}
+        schema = onnx.defs.get_schema(base, 21)
+        out = onnx.shape_inference.infer_node_outputs(schema, node, known, opset_imports=[helper.make_opsetid("", 21)])
+        return [_from_proto(out["y"]) if "y" in out else None]
+
+    return infer
+
+
+def _infer_weighted_sum(a: TensorType | None, b: TensorType | None, **attrs: Any) -> list[TensorType | None]:
+    if a is None or b is None:
+        return [None]
+    if a.is_static and b.is_static:
+        return [TensorType(a.dtype, np.broadcast_shapes(a.shape, b.shape))]  # type: ignore[arg-type]
+    return [a if a.shape == b.shape else TensorType(a.dtype, None)]
+
+
+OPS = [
+    op("FusedConv", domain=MINFER_DOMAIN, infer=_infer_as("Conv"), doc="Conv followed by an activation, in one kernel"),
+    op("FusedGemm", domain=MINFER_DOMAIN, infer=_infer_as("Gemm"), doc="Gemm followed by an activation, in one kernel"),
+    op("FusedMatMul", domain=MINFER_DOMAIN, infer=_infer_as("MatMul"), doc="MatMul followed by an activation"),
+    op("BinaryScalar", domain=MINFER_DOMAIN, doc="Add/Sub/Mul/Div of a tensor and a scalar attribute"),
+    op("WeightedSum", domain=MINFER_DOMAIN, infer=_infer_weighted_sum, doc="A*w0 + B*w1"),
+]

@@ -1,0 +1,91 @@
+"""``expand_fused`` (role "portable"): lower every ai.minfer node back to standard ONNX ops.
+
+``minfer optimize --portable`` runs it after the optimization pipeline, so
+the written model uses only standard ops and runs in onnxruntime with the
+same outputs. Each fused node becomes the nodes it was made from:
+
+- ``FusedConv/FusedGemm/FusedMatMul`` -> the base op, then the activation
+  (Clip with min/max inputs from opset 11, attributes before it);
+- ``BinaryScalar`` -> Add/Sub/Mul/Div with a 0-d initializer;
+- ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers.
+
+Exact: it is the reverse of the fusions, computing the same operations.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from minfer_core import Graph, Node
+
+from ._util import MINFER_DOMAIN, add_const, fresh, opset, replace
+from .ops import BASE_OPS
+
+
+def _activation_node(graph: Graph, act: str, params: list[float], src: str, out: str, name: str) -> Node:
+    dtype = graph.type_of(src).dtype if graph.type_of(src) is not None else np.dtype(np.float32)
+    if act == "LeakyRelu":
+        return Node(act, [src], [out], {"alpha": params[0]}, name)
+    if act == "HardSigmoid":
+        return Node(act, [src], [out], {"alpha": params[0], "beta": params[1]}, name)
+    if act == "Clip":
+        lo, hi = params
+        if opset(graph) < 11:
+            return Node(act, [src], [out], {"min": lo, "max": hi}, name)
+        names = [add_const(graph, f"{name}_min", np.array(lo, dtype=dtype)),
+                 add_const(graph, f"{name}_max", np.array(hi, dtype=dtype))]
+        return Node(act, [src, *names], [out], {}, name)
+    return Node(act, [src], [out], {}, name)
+
+
+def _expand_fused(graph: Graph, node: Node) -> None:
+    attrs = dict(node.attrs)
+    act, params = attrs.pop("activation"), [float(p) for p in attrs.pop("activation_params", [])]
+    mid = fresh(graph, f"{node.name or node.op_type}_pre")
+    t = graph.type_of(node.outputs[0])
+    if t is not None:
+        graph.types[mid] = t
+    base = Node(BASE_OPS[node.op_type], node.inputs, [mid], attrs, node.name, "")
+    index = graph.nodes.index(node)
+    graph.remove_node(node)
+    graph.add_node(base, index)
+    graph.add_node(_activation_node(graph, act, params, mid, node.outputs[0], fresh(graph, f"{node.name}_act")), index + 1)
+
+
+def _expand_scalar(graph: Graph, node: Node) -> None:
+    c = add_const(graph, f"{node.name or 'scalar'}_c", np.asarray(node.attrs["scalar"]))
+    inputs = [c, node.inputs[0]] if node.attrs.get("reverse", 0) else [node.inputs[0], c]
+    replace(graph, [node], Node(node.attrs["op"], inputs, node.outputs, {}, node.name, ""))
+
+
+def _expand_weighted_sum(graph: Graph, node: Node) -> None:
+    w = np.asarray(node.attrs["weights"])
+    index = graph.nodes.index(node)
+    graph.remove_node(node)
+    parts = []
+    for i, src in enumerate(node.inputs):
+        c = add_const(graph, f"{node.name or 'wsum'}_w{i}", w[i])
+        parts.append(fresh(graph, f"{node.name or 'wsum'}_p{i}"))
+        graph.add_node(Node("Mul", [src, c], [parts[-1]], {}, fresh(graph, "mul"), ""), index + i)
+    graph.add_node(Node("Add", parts, node.outputs, {}, node.name, ""), index + 2)
+
+
+EXPANDERS = {
+    "FusedConv": _expand_fused,
+    "FusedGemm": _expand_fused,
+    "FusedMatMul": _expand_fused,
+    "BinaryScalar": _expand_scalar,
+    "WeightedSum": _expand_weighted_sum,
+}
+
+
+def expand_fused(graph: Graph) -> bool:
+    """Replace every ai.minfer node by the standard ops it stands for."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain == MINFER_DOMAIN and node.op_type in EXPANDERS:
+            EXPANDERS[node.op_type](graph, node)
+            changed = True
+    if changed and not any(n.domain == MINFER_DOMAIN for n in graph.nodes):
+        graph.opsets.pop(MINFER_DOMAIN, None)
+    return changed
