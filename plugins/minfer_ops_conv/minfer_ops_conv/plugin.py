@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, onnx_op
 
-from . import conv, conv_transpose, norm, pool, resize, spatial
+from . import conv, conv_transpose, deform, norm, pool, resize, roi, spatial
 
-MODULES = (conv, conv_transpose, pool, norm, resize, spatial)
+MODULES = (conv, conv_transpose, deform, pool, norm, resize, roi, spatial)
 KERNELS = [k for module in MODULES for k in module.KERNELS]
 
 

@@ -219,7 +219,32 @@ def global_lp_pool_2(x, *, p=2):
     return _global_lp(x, p)
 
 
+def _max_unpool(x, indices, output_shape, kernel_shape, pads, strides):
+    """Indices address the unpooled shape inferred from the attributes; a larger output_shape
+    just gets that block in its leading corner (as onnx's reference and onnxruntime do)."""
+    rank = x.ndim - 2
+    st = strides or [1] * rank
+    p = pads or [0] * 2 * rank
+    spatial = [(i - 1) * s + k - p[d] - p[d + rank] for d, (i, s, k) in enumerate(zip(x.shape[2:], st, kernel_shape))]
+    inferred = tuple(x.shape[:2]) + tuple(spatial)
+    y = np.zeros(int(np.prod(inferred)), dtype=x.dtype)
+    y[indices.reshape(-1)] = x.reshape(-1)
+    y = y.reshape(inferred)
+    if output_shape is None or tuple(int(v) for v in output_shape) == inferred:
+        return y
+    out = np.zeros(tuple(int(v) for v in output_shape), dtype=x.dtype)
+    out[tuple(slice(0, n) for n in inferred)] = y
+    return out
+
+
+@kernel("MaxUnpool", since=9)
+def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, strides=None):
+    """MaxUnpool-9/11/22: scatter values to the flat positions MaxPool's Indices recorded, zeros elsewhere."""
+    return _max_unpool(x, indices, output_shape, kernel_shape, pads, strides)
+
+
 KERNELS = [
+    max_unpool,
     max_pool_1, max_pool_8, max_pool_10,
     average_pool_1, average_pool_7, average_pool_10, average_pool_19,
     lp_pool_1, lp_pool_2, lp_pool_18,

@@ -170,4 +170,23 @@ def grid_sample_20(x, grid, *, align_corners=0, mode="linear", padding_mode="zer
     return _grid_sample(x, grid, mode, padding_mode, align_corners)
 
 
-KERNELS = [depth_to_space_1, depth_to_space_11, space_to_depth_1, space_to_depth_28, grid_sample_16, grid_sample_20]
+def _base_coords(n: int, align_corners: int) -> np.ndarray:
+    """Normalized pixel positions in [-1, 1]: corners (align_corners) or centres."""
+    if align_corners:
+        return np.linspace(-1.0, 1.0, n) if n > 1 else np.zeros(1)
+    return (np.arange(n) * 2.0 + 1.0) / n - 1.0
+
+
+@kernel("AffineGrid", since=20)
+def affine_grid(theta, size, *, align_corners=0):
+    """AffineGrid-20: theta (N, r, r+1) applied to the normalized output grid -> (N, *spatial, r)."""
+    spatial = [int(v) for v in size[2:]]
+    axes = [_base_coords(n, align_corners) for n in spatial]
+    mesh = np.meshgrid(*axes, indexing="ij")
+    # homogeneous (x, y[, z], 1) with x along the last spatial dim
+    base = np.stack([m for m in mesh[::-1]] + [np.ones(spatial)], axis=-1)
+    grid = np.einsum("...k,nik->n...i", base, theta.astype(np.float64))
+    return grid.astype(theta.dtype)
+
+
+KERNELS = [affine_grid, depth_to_space_1, depth_to_space_11, space_to_depth_1, space_to_depth_28, grid_sample_16, grid_sample_20]
