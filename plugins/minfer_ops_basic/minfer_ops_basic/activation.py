@@ -9,7 +9,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, as_float, erf, scalar, unary_kernels
+from .elementwise import arr, as_float, declare, erf, scalar, unary_kernels
 
 F32_MAX = 3.4028234663852886e38
 
@@ -297,9 +297,10 @@ def _softmax_kernels(op_type: str, fn: Callable[[np.ndarray, int], np.ndarray]) 
     def v1(x, *, axis=1):
         return flattened(x, axis)
 
-    v13.__doc__ = f"{op_type}-13: along one axis (default the last)."
-    v1.__doc__ = f"{op_type}-1: over the 2-D coercion of x at axis (default 1), as before opset 13."
-    return [kernel(op_type, since=13)(v13), kernel(op_type, since=1)(v1)]
+    return [
+        declare(op_type, 13, v13, "along one axis (default the last)."),
+        declare(op_type, 1, v1, "over the 2-D coercion of x at axis (default 1), as before opset 13."),
+    ]
 
 
 KERNELS += _softmax_kernels("Softmax", softmax)

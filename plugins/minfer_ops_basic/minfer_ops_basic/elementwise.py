@@ -51,6 +51,13 @@ def float_op(fn: Fn) -> Fn:
     return run
 
 
+def declare(op_type: str, since: int, fn: Fn, doc: str) -> Any:
+    """Declare a factory-made kernel, named after its op and version for tracebacks."""
+    fn.__name__ = fn.__qualname__ = f"{op_type}_{since}"
+    fn.__doc__ = f"{op_type}-{since}: {doc}"
+    return kernel(op_type, since=since)(fn)
+
+
 def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: str = "") -> list:
     """Kernels for a unary op; ``legacy`` adds the opset-1 form with ``consumed_inputs``."""
     run = float_op(fn)
@@ -59,15 +66,13 @@ def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: 
     def modern(x):
         return run(x)
 
-    modern.__doc__ = f"{op_type}-{6 if legacy else since}: elementwise {label}."
-    kernels = [kernel(op_type, since=6 if legacy else since)(modern)]
+    kernels = [declare(op_type, 6 if legacy else since, modern, f"elementwise {label}.")]
     if legacy:
 
         def old(x, *, consumed_inputs=None):
             return run(x)
 
-        old.__doc__ = f"{op_type}-1: elementwise {label} (consumed_inputs is a no-op)."
-        kernels.append(kernel(op_type, since=1)(old))
+        kernels.append(declare(op_type, 1, old, f"elementwise {label} (consumed_inputs is a no-op)."))
     return kernels
 
 
@@ -215,23 +220,20 @@ def binary_kernels(op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool 
         with np.errstate(all="ignore"):
             return arr(fn(a, b))
 
-    modern.__doc__ = f"{op_type}-{since}: elementwise with numpy broadcasting."
-    kernels = [kernel(op_type, since=since)(modern)]
+    kernels = [declare(op_type, since, modern, "elementwise with numpy broadcasting.")]
     if not legacy:
         return kernels
 
     def v6(a, b, *, axis=None, broadcast=0):
         return modern(a, legacy_broadcast(a, b, broadcast, axis))
 
-    v6.__doc__ = f"{op_type}-{6 if consumed else 1}: elementwise; B broadcast to A from ``axis`` when asked."
-    kernels.append(kernel(op_type, since=6 if consumed else 1)(v6))
+    kernels.append(declare(op_type, 6 if consumed else 1, v6, "elementwise; B broadcast to A from ``axis`` when asked."))
     if consumed:
 
         def v1(a, b, *, axis=None, broadcast=0, consumed_inputs=None):
             return v6(a, b, axis=axis, broadcast=broadcast)
 
-        v1.__doc__ = f"{op_type}-1: as {op_type}-6 (consumed_inputs is a no-op)."
-        kernels.append(kernel(op_type, since=1)(v1))
+        kernels.append(declare(op_type, 1, v1, f"as {op_type}-6 (consumed_inputs is a no-op)."))
     return kernels
 
 
@@ -293,13 +295,13 @@ def variadic_kernels(op_type: str, fold: Callable[[list], np.ndarray]) -> list:
         with np.errstate(all="ignore"):
             return arr(fold(list(xs)), xs[0].dtype)
 
-    modern.__doc__ = f"{op_type}-6: elementwise over any number of broadcast inputs."
-
     def v1(*xs, consumed_inputs=None):
         return modern(*xs)
 
-    v1.__doc__ = f"{op_type}-1: as {op_type}-6 (consumed_inputs is a no-op)."
-    return [kernel(op_type, since=6)(modern), kernel(op_type, since=1)(v1)]
+    return [
+        declare(op_type, 6, modern, "elementwise over any number of broadcast inputs."),
+        declare(op_type, 1, v1, f"as {op_type}-6 (consumed_inputs is a no-op)."),
+    ]
 
 
 def _fold(ufunc: Any) -> Callable[[list], np.ndarray]:

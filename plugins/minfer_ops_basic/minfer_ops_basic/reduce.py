@@ -8,7 +8,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, is_exotic
+from .elementwise import arr, declare, is_exotic
 
 Reducer = Callable[[np.ndarray, Any, bool], np.ndarray]
 
@@ -103,9 +103,10 @@ def _reduce_kernels(op_type: str, fn: Reducer, input_since: int) -> list:
     def with_attr(data, *, axes=None, keepdims=1):
         return _reduce(fn, data, axes or None, keepdims)
 
-    with_input.__doc__ = f"{op_type}-{input_since}: axes as an optional input; empty means all, or none if noop_with_empty_axes."
-    with_attr.__doc__ = f"{op_type}-1: axes as an attribute; absent means all."
-    return [kernel(op_type, since=input_since)(with_input), kernel(op_type, since=1)(with_attr)]
+    return [
+        declare(op_type, input_since, with_input, "axes as an optional input; empty means all, or none if noop_with_empty_axes."),
+        declare(op_type, 1, with_attr, "axes as an attribute; absent means all."),
+    ]
 
 
 KERNELS: list = []
