@@ -1,0 +1,35 @@
+"""The nine model-zoo models shipped in the onnx wheel match onnxruntime and onnx's own model tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx.backend.test
+import pytest
+
+from conftest import ort_run
+from minfer_core import InferenceSession
+from minfer_core.backend import MinferBackend
+from minfer_core.zoo import LIGHT_MODELS, randomized
+
+
+@pytest.mark.parametrize("name", LIGHT_MODELS)
+@pytest.mark.parametrize("passes", ["none", "all"])
+def test_light_model_matches_onnxruntime(name, passes):
+    """With random weights and inputs, outputs match onnxruntime within rtol 1e-3, atol 1e-5."""
+    model = randomized(name, seed=1)
+    sess = InferenceSession(model, passes=passes)
+    (inp,) = sess.get_inputs()
+    x = np.random.default_rng(2).standard_normal(inp.shape).astype(np.float32)
+    got = sess.run(None, {inp.name: x})
+    want = ort_run(model, {inp.name: x})
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
+
+
+# onnx's own model tests (test_resnet50_cpu, ...): the shipped light models with onnx's dummy inputs
+# and reference outputs, run through minfer_core.backend exactly as onnx runs any backend.
+_backend_test = onnx.backend.test.BackendTest(MinferBackend, __name__)
+_backend_test.include(r"^test_(bvlc_alexnet|densenet121|inception_v1|inception_v2|resnet50|shufflenet|squeezenet|vgg19|zfnet512)_cpu$")
+OnnxBackendRealModelTest = _backend_test.test_cases["OnnxBackendRealModelTest"]
