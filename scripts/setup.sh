@@ -8,8 +8,11 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-pkgs=(-e . -e ./plugins/minfer_ops_basic -e ./plugins/minfer_ops_conv -e ./plugins/minfer_passes)
+core=.
+extra=()
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(-e ".[test]" -e ./examples/minfer_contrib_example)
+  core=".[test]"
+  extra=(-e ./examples/minfer_contrib_example)
 fi
+pkgs=(-e "$core" -e ./plugins/minfer_ops_basic -e ./plugins/minfer_ops_conv -e ./plugins/minfer_passes "${extra[@]}")
 .venv/bin/python -m pip install --quiet "${pkgs[@]}"
