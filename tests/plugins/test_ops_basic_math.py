@@ -380,3 +380,11 @@ def test_cast_to_float8e8m0_rounds_the_exponent():
     np.testing.assert_array_equal(e8m0("up"), [0.5, 1, 2, 2, 4])
     np.testing.assert_array_equal(e8m0("down"), [0.25, 1, 1, 1, 2])
     np.testing.assert_array_equal(e8m0("nearest"), [0.25, 1, 1, 2, 4])
+
+
+def test_bitcast_reinterprets_bytes_without_copying():
+    """BitCast keeps the bit pattern (1.0f is 0x3f800000) and returns a view of the input."""
+    x = np.array([1.0, -0.0], dtype=np.float32)
+    out = call("BitCast", 26, x, to=TensorProto.INT32)
+    np.testing.assert_array_equal(out, [0x3F800000, -(2**31)])
+    assert np.shares_memory(out, x)

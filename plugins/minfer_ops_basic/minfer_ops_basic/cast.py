@@ -105,7 +105,13 @@ def cast_like(x, target_type):
     return cast(x, target_type.dtype)
 
 
-KERNELS: list = [cast_24, cast_19, cast_1, cast_like_24, cast_like_19, cast_like]
+@kernel("BitCast", since=26)
+def bit_cast(x, *, to):
+    """BitCast-26: the same bytes read as another type of equal width (a zero-copy view)."""
+    return x.view(_target(to))
+
+
+KERNELS: list = [cast_24, cast_19, cast_1, cast_like_24, cast_like_19, cast_like, bit_cast]
 
 
 # --- linear quantization -------------------------------------------------------
