@@ -74,6 +74,8 @@ def _schema_defaults(schema):
     out = {}
     for a in schema.attributes.values():
         v = helper.get_attribute_value(a.default_value) if a.default_value.name else None
+        if isinstance(v, list):
+            v = [e.decode() if isinstance(e, bytes) else e for e in v]
         out[a.name] = v.decode() if isinstance(v, bytes) else v
     return out
 

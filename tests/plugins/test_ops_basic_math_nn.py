@@ -383,3 +383,63 @@ def test_qlinear_matmul_matches_onnxruntime():
     u8 = lambda v: np.array(v, np.uint8)  # noqa: E731
     inputs = [a, f32(0.02), u8(120), b, f32(0.03), u8(130), f32(0.5), u8(128)]
     assert_matches_ort("QLinearMatMul", 10, inputs, atol=1)
+
+
+# --- recurrent ---------------------------------------------------------------------
+
+
+def _recurrent_inputs(op, num_dir, gates, hidden=3, seq=4, batch=2, size=5, layout=0, lens=None, peephole=False):
+    """X, W, R, B, sequence_lens, initial_h (and initial_c, P for LSTM) with the shapes ONNX expects."""
+    x = RNG.standard_normal((batch, seq, size) if layout else (seq, batch, size)).astype(np.float32)
+    w = RNG.standard_normal((num_dir, gates * hidden, size)).astype(np.float32) * 0.5
+    r = RNG.standard_normal((num_dir, gates * hidden, hidden)).astype(np.float32) * 0.5
+    b = RNG.standard_normal((num_dir, 2 * gates * hidden)).astype(np.float32) * 0.1
+    state = (batch, num_dir, hidden) if layout else (num_dir, batch, hidden)
+    lens = np.array(lens if lens is not None else [seq] * batch, dtype=np.int32)
+    inputs = [x, w, r, b, lens, RNG.standard_normal(state).astype(np.float32)]
+    if op == "LSTM":
+        inputs.append(RNG.standard_normal(state).astype(np.float32))
+        inputs.append(RNG.standard_normal((num_dir, 3 * hidden)).astype(np.float32) if peephole else None)
+    return inputs
+
+
+@pytest.mark.parametrize(("op", "gates", "outputs"), [("RNN", 1, 2), ("GRU", 3, 2), ("LSTM", 4, 3)])
+@pytest.mark.parametrize("direction", ["forward", "reverse", "bidirectional"])
+def test_recurrent_ops_with_ragged_sequences_match_onnxruntime(op, gates, outputs, direction):
+    """RNN/GRU/LSTM in every direction honour sequence_lens (zero padding output, state held) like onnxruntime."""
+    num_dir = 2 if direction == "bidirectional" else 1
+    inputs = _recurrent_inputs(op, num_dir, gates, lens=[4, 2], peephole=True)
+    if op == "LSTM" and inputs[-1] is None:
+        inputs = inputs[:-1]
+    assert_matches_ort(op, 14, inputs, {"hidden_size": 3, "direction": direction}, num_outputs=outputs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("op", "gates", "attrs"),
+    [
+        ("RNN", 1, {"activations": ["Relu"]}),
+        ("RNN", 1, {"clip": 0.5, "activations": ["Affine"], "activation_alpha": [0.7], "activation_beta": [0.1]}),
+        ("GRU", 3, {"linear_before_reset": 1}),
+        ("GRU", 3, {"activations": ["HardSigmoid", "LeakyRelu"], "activation_alpha": [0.3, 0.2], "activation_beta": [0.4]}),
+        ("LSTM", 4, {"input_forget": 1, "clip": 1.0}),
+    ],
+)
+def test_recurrent_attributes_match_onnxruntime(op, gates, attrs):
+    """clip, custom activations with alpha/beta, linear_before_reset and input_forget agree with onnxruntime."""
+    inputs = _recurrent_inputs(op, 1, gates)
+    if op == "LSTM":
+        inputs = inputs[:-1]
+    outputs = 3 if op == "LSTM" else 2
+    assert_matches_ort(op, 14, inputs, {"hidden_size": 3, **attrs}, num_outputs=outputs, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("op", "gates"), [("RNN", 1), ("GRU", 3), ("LSTM", 4)])
+def test_recurrent_layout_1_is_the_batch_major_transpose(op, gates):
+    """layout=1 gives exactly the layout=0 results with batch and sequence (or direction) axes swapped."""
+    seq_major = _recurrent_inputs(op, 2, gates, lens=[4, 3])[: 7 if op == "LSTM" else 6]
+    batch_major = [seq_major[0].swapaxes(0, 1), *seq_major[1:5], *(s.swapaxes(0, 1) for s in seq_major[5:])]
+    want = call(op, 14, *seq_major, hidden_size=3, direction="bidirectional")
+    got = call(op, 14, *batch_major, hidden_size=3, direction="bidirectional", layout=1)
+    np.testing.assert_allclose(got[0], want[0].transpose(2, 0, 1, 3), rtol=1e-6)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_allclose(g, w.swapaxes(0, 1), rtol=1e-6)
