@@ -443,3 +443,27 @@ def test_recurrent_layout_1_is_the_batch_major_transpose(op, gates):
     np.testing.assert_allclose(got[0], want[0].transpose(2, 0, 1, 3), rtol=1e-6)
     for g, w in zip(got[1:], want[1:]):
         np.testing.assert_allclose(g, w.swapaxes(0, 1), rtol=1e-6)
+
+
+# --- losses ----------------------------------------------------------------------
+
+
+def test_nll_loss_mean_counts_only_non_ignored_weight():
+    """NegativeLogLikelihoodLoss 'mean' divides by the summed weights of the targets that are not ignored."""
+    x = np.log(np.array([[0.2, 0.8], [0.6, 0.4], [0.5, 0.5]], dtype=np.float32))
+    target = np.array([1, 0, 1], dtype=np.int64)
+    weight = np.array([2.0, 1.0], dtype=np.float32)
+    out = call("NegativeLogLikelihoodLoss", 13, x, target, weight, ignore_index=1)
+    np.testing.assert_allclose(out, -x[1, 0])  # only sample 1 counts: (2 * -x[1,0]) / 2
+    none = call("NegativeLogLikelihoodLoss", 13, x, target, reduction="none")
+    np.testing.assert_allclose(none, -x[[0, 1, 2], target])
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+def test_softmax_cross_entropy_matches_onnxruntime(reduction):
+    """SoftmaxCrossEntropyLoss over (N, C, d) scores returns the loss and the log-probabilities like onnxruntime."""
+    scores = RNG.standard_normal((3, 4, 2)).astype(np.float32)
+    labels = np.array([[0, 3], [2, -1], [1, 1]], dtype=np.int64)
+    weights = np.array([0.5, 1.0, 2.0, 1.5], dtype=np.float32)
+    attrs = {"reduction": reduction, "ignore_index": -1}
+    assert_matches_ort("SoftmaxCrossEntropyLoss", 13, [scores, labels, weights], attrs, num_outputs=2)

@@ -1,4 +1,4 @@
-"""Kernels: Reduce* (axes as attribute, then as input) and ArgMax/ArgMin."""
+"""Kernels: Reduce* (axes as attribute, then as input), ArgMax/ArgMin, and the two loss reductions."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import numpy as np
 
 from minfer_core import kernel
 
+from .activation import log_softmax
 from .elementwise import arr, declare, is_exotic
 
 Reducer = Callable[[np.ndarray, Any, bool], np.ndarray]
@@ -162,3 +163,40 @@ def argmin_1(data, *, axis=0, keepdims=1):
 
 
 KERNELS += [argmax, argmax_1, argmin, argmin_1]
+
+
+# --- losses ------------------------------------------------------------------------
+
+
+def _nll(x: np.ndarray, target: np.ndarray, weight: np.ndarray | None, ignore_index: int | None, reduction: str) -> np.ndarray:
+    """-x[n, target[n, ...], ...] * weight[target], reduced; ignored targets weigh 0 and do not count in the mean."""
+    t = target.astype(np.int64)
+    ignored = t == ignore_index if ignore_index is not None else np.zeros(t.shape, dtype=bool)
+    safe = np.where(ignored, 0, t)
+    picked = np.take_along_axis(x, safe[:, None], axis=1)[:, 0]
+    w = np.ones(t.shape, x.dtype) if weight is None else weight[safe].astype(x.dtype)
+    w = np.where(ignored, np.zeros((), x.dtype), w)
+    loss = -picked * w
+    if reduction == "none":
+        return arr(loss, x.dtype)
+    if reduction == "sum":
+        return arr(loss.sum(), x.dtype)
+    with np.errstate(all="ignore"):  # everything ignored: 0/0, as onnxruntime gives
+        return arr(loss.sum() / w.sum(), x.dtype)
+
+
+@kernel("NegativeLogLikelihoodLoss", since=12)
+def negative_log_likelihood_loss(x, target, weight=None, *, ignore_index=None, reduction="mean"):
+    """NegativeLogLikelihoodLoss-12: picks -x at each target class (axis 1), optionally weighted, then reduces."""
+    return _nll(x, target, weight, ignore_index, reduction)
+
+
+@kernel("SoftmaxCrossEntropyLoss", since=12)
+def softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=None, reduction="mean"):
+    """SoftmaxCrossEntropyLoss-12: NLL of LogSoftmax over the class axis 1; also returns the log-probabilities."""
+    with np.errstate(all="ignore"):
+        log_prob = arr(log_softmax(scores, 1), scores.dtype)
+    return _nll(log_prob, labels, weights, ignore_index, reduction), log_prob
+
+
+KERNELS += [negative_log_likelihood_loss, softmax_cross_entropy_loss]
