@@ -36,19 +36,19 @@ def _topk(x: np.ndarray, k: int, axis: int, largest: int = 1) -> tuple[np.ndarra
     return np.take_along_axis(x, indices, axis=axis), indices
 
 
-@kernel("TopK", since=1)
+@kernel("TopK", since=1, views=False)
 def top_k_1(X, *, axis=-1, k):
     """TopK-1: k as an attribute."""
     return _topk(X, k, axis)
 
 
-@kernel("TopK", since=10)
+@kernel("TopK", since=10, views=False)
 def top_k_10(X, K, *, axis=-1):
     """TopK-10: k as a one-element int64 input."""
     return _topk(X, int(_first(K, 0)), axis)
 
 
-@kernel("TopK", since=11)
+@kernel("TopK", since=11, views=False)
 def top_k_11(X, K, *, sorted=1, largest=1, axis=-1):
     """TopK-11/24: largest or smallest; output is always sorted (allowed when sorted=0)."""
     return _topk(X, int(_first(K, 0)), axis, largest)
@@ -95,7 +95,7 @@ def _nms_class(corners: np.ndarray, scores: np.ndarray, limit: int, iou: float, 
     return kept
 
 
-@kernel("NonMaxSuppression", since=10)
+@kernel("NonMaxSuppression", since=10, views=False)
 def non_max_suppression(
     boxes,
     scores,

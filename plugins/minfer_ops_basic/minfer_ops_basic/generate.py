@@ -18,19 +18,19 @@ def _scalar(v) -> np.ndarray:
 # --- Constant ------------------------------------------------------------------
 
 
-@kernel("Constant", since=1)
+@kernel("Constant", since=1, views=False)
 def constant_1(*, value):
     """Constant-1/9: the value tensor attribute."""
     return np.asarray(value)
 
 
-@kernel("Constant", since=11)
+@kernel("Constant", since=11, views=False)
 def constant_11(*, sparse_value=None, value=None):
     """Constant-11: a dense or sparse tensor attribute (the core densifies sparse ones)."""
     return np.asarray(value if value is not None else sparse_value)
 
 
-@kernel("Constant", since=12)
+@kernel("Constant", since=12, views=False)
 def constant_12(
     *,
     value_strings=None,
@@ -62,11 +62,14 @@ def constant_12(
     raise ValueError("Constant needs one of value, sparse_value, value_float(s), value_int(s), value_string(s)")
 
 
-@kernel("ConstantOfShape", since=9)
-def constant_of_shape(input, *, value=None):
+@kernel("ConstantOfShape", since=9, out=True, views=False)
+def constant_of_shape(input, *, value=None, out=None):
     """ConstantOfShape-9..25: fill the given shape with value's single element (default float32 0)."""
     fill = np.zeros((), np.float32) if value is None else np.asarray(value).reshape(())
-    return np.full(np.asarray(input, dtype=np.int64).reshape(-1), fill, dtype=fill.dtype)
+    if out is None:
+        return np.full(np.asarray(input, dtype=np.int64).reshape(-1), fill, dtype=fill.dtype)
+    out[...] = fill
+    return out
 
 
 # --- Range -----------------------------------------------------------------------
@@ -84,13 +87,13 @@ def _range(start, limit, delta, compute=np.float64) -> np.ndarray:
     return (compute(s) + np.arange(n, dtype=compute) * compute(d)).astype(dtype)
 
 
-@kernel("Range", since=11)
+@kernel("Range", since=11, views=False)
 def range_11(start, limit, delta):
     """Range-11: start + i*delta up to limit (exclusive)."""
     return _range(start, limit, delta)
 
 
-@kernel("Range", since=27)
+@kernel("Range", since=27, views=False)
 def range_27(start, limit, delta, *, stash_type=1):
     """Range-27: as Range-11; stash_type picks the float16 compute precision."""
     low = np.asarray(start).dtype.name in ("float16", "bfloat16")
@@ -100,7 +103,7 @@ def range_27(start, limit, delta, *, stash_type=1):
 # --- EyeLike / OneHot / Trilu ---------------------------------------------------------
 
 
-@kernel("EyeLike", since=9)
+@kernel("EyeLike", since=9, views=False)
 def eye_like(input, *, dtype=None, k=0):
     """EyeLike-9/22: ones on diagonal k of a matrix shaped like the 2-D input."""
     if input.ndim != 2:
@@ -109,7 +112,7 @@ def eye_like(input, *, dtype=None, k=0):
     return np.eye(input.shape[0], input.shape[1], k=k, dtype=out_dtype)
 
 
-@kernel("OneHot", since=9)
+@kernel("OneHot", since=9, views=False)
 def one_hot(indices, depth, values, *, axis=-1):
     """OneHot-9/11/28: on_value where the (wrapped) index hits, off_value elsewhere."""
     n = int(_scalar(depth))
@@ -124,14 +127,21 @@ def one_hot(indices, depth, values, *, axis=-1):
     return np.moveaxis(out, -1, axis)
 
 
-@kernel("Trilu", since=14)
-def trilu(input, k=None, *, upper=1):
+@kernel("Trilu", since=14, out=True, inplace=(0,), views=False)
+def trilu(input, k=None, *, upper=1, out=None):
     """Trilu-14: keep the upper (or lower) triangle from diagonal k of the last two dims."""
     k = 0 if k is None else int(_scalar(k))
     rows, cols = input.shape[-2:]
-    # Clamp so that extreme k (e.g. INT64_MAX) cannot overflow numpy's index arithmetic.
-    k = min(max(k, -rows - 1), cols + 1)
-    return np.triu(input, k) if upper else np.tril(input, k)
+    # Python-int k: extreme values (INT64_MAX) compare without overflow.
+    offset = np.arange(cols) - np.arange(rows)[:, None]
+    keep = offset >= k if upper else offset <= k
+    zero = np.zeros((), input.dtype)
+    if out is None:
+        return np.where(keep, input, zero)
+    if out is not input:
+        np.copyto(out, input)
+    np.copyto(out, zero, where=~keep)
+    return out
 
 
 KERNELS = [

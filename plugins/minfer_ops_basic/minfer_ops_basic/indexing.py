@@ -48,13 +48,13 @@ def _slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
     return data[tuple(index)]  # a strided view: no copy
 
 
-@kernel("Slice", since=1)
+@kernel("Slice", since=1, views=True)
 def slice_1(data, *, ends, starts, axes=None):
     """Slice-1: starts/ends/axes as attributes, step 1."""
     return _slice(data, starts, ends, axes)
 
 
-@kernel("Slice", since=10)
+@kernel("Slice", since=10, views=True)
 def slice_10(data, starts, ends, axes=None, steps=None):
     """Slice-10..13: starts/ends/axes/steps as inputs; negative steps walk backwards."""
     return _slice(data, starts, ends, axes, steps)
@@ -63,10 +63,10 @@ def slice_10(data, starts, ends, axes=None, steps=None):
 # --- Gather family -----------------------------------------------------------------------
 
 
-@kernel("Gather", since=1)
-def gather(data, indices, *, axis=0):
+@kernel("Gather", since=1, out=True, views=False)
+def gather(data, indices, *, axis=0, out=None):
     """Gather-1/11/13: take entries along axis; negative indices count from the back."""
-    return np.asarray(np.take(data, np.asarray(indices), axis=_axis(axis, data.ndim)))
+    return np.asarray(np.take(data, np.asarray(indices), axis=_axis(axis, data.ndim), out=out))
 
 
 def _element_index(indices: np.ndarray, axis: int) -> tuple:
@@ -76,7 +76,7 @@ def _element_index(indices: np.ndarray, axis: int) -> tuple:
     return tuple(grid)
 
 
-@kernel("GatherElements", since=11)
+@kernel("GatherElements", since=11, views=False)
 def gather_elements(data, indices, *, axis=0):
     """GatherElements-11/13: out[i][j] = data[indices[i][j]][j] (for axis 0)."""
     return data[_element_index(np.asarray(indices), _axis(axis, data.ndim))]
@@ -94,13 +94,13 @@ def _gather_nd(data: np.ndarray, indices: np.ndarray, batch_dims: int) -> np.nda
     return out.reshape(batch + inner + data.shape[batch_dims + k :])
 
 
-@kernel("GatherND", since=11)
+@kernel("GatherND", since=11, views=False)
 def gather_nd_11(data, indices):
     """GatherND-11: index tuples in the last dim of indices select slices of data."""
     return _gather_nd(data, np.asarray(indices), 0)
 
 
-@kernel("GatherND", since=12)
+@kernel("GatherND", since=12, views=False)
 def gather_nd_12(data, indices, *, batch_dims=0):
     """GatherND-12/13: the leading batch_dims dims of data and indices are paired."""
     return _gather_nd(data, np.asarray(indices), batch_dims)
@@ -112,8 +112,17 @@ def gather_nd_12(data, indices, *, batch_dims=0):
 _REDUCE = {"add": np.add, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
 
 
-def _scatter_into(data: np.ndarray, index: tuple, updates: np.ndarray, reduction: str) -> np.ndarray:
-    out = data.copy()
+def _copy(data: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """data in a fresh array, or in out (a no-op when the engine runs the op in place on data)."""
+    if out is None:
+        return data.copy()
+    if out is not data:
+        np.copyto(out, data)
+    return out
+
+
+def _scatter_into(data, index: tuple, updates, reduction: str, out: np.ndarray | None) -> np.ndarray:
+    out = _copy(data, out)
     if reduction == "none":
         out[index] = updates
     elif reduction in _REDUCE:
@@ -123,49 +132,49 @@ def _scatter_into(data: np.ndarray, index: tuple, updates: np.ndarray, reduction
     return out
 
 
-def _scatter_elements(data, indices, updates, axis: int, reduction: str = "none") -> np.ndarray:
+def _scatter_elements(data, indices, updates, axis: int, reduction: str = "none", out=None) -> np.ndarray:
     index = _element_index(np.asarray(indices), _axis(axis, data.ndim))
-    return _scatter_into(data, index, updates, reduction)
+    return _scatter_into(data, index, updates, reduction, out)
 
 
-@kernel("Scatter", since=9)
-def scatter(data, indices, updates, *, axis=0):
+@kernel("Scatter", since=9, out=True, inplace=(0,), views=False)
+def scatter(data, indices, updates, *, axis=0, out=None):
     """Scatter-9/11 (deprecated alias of ScatterElements): write updates at indices along axis."""
-    return _scatter_elements(data, indices, updates, axis)
+    return _scatter_elements(data, indices, updates, axis, out=out)
 
 
-@kernel("ScatterElements", since=11)
-def scatter_elements_11(data, indices, updates, *, axis=0):
+@kernel("ScatterElements", since=11, out=True, inplace=(0,), views=False)
+def scatter_elements_11(data, indices, updates, *, axis=0, out=None):
     """ScatterElements-11/13: write updates at indices along axis."""
-    return _scatter_elements(data, indices, updates, axis)
+    return _scatter_elements(data, indices, updates, axis, out=out)
 
 
-@kernel("ScatterElements", since=16)
-def scatter_elements_16(data, indices, updates, *, reduction="none", axis=0):
+@kernel("ScatterElements", since=16, out=True, inplace=(0,), views=False)
+def scatter_elements_16(data, indices, updates, *, reduction="none", axis=0, out=None):
     """ScatterElements-16/18: combine with none/add/mul (16) and max/min (18)."""
-    return _scatter_elements(data, indices, updates, axis, reduction)
+    return _scatter_elements(data, indices, updates, axis, reduction, out)
 
 
-def _scatter_nd(data, indices, updates, reduction: str = "none") -> np.ndarray:
+def _scatter_nd(data, indices, updates, reduction: str = "none", out=None) -> np.ndarray:
     indices = np.asarray(indices)
     index = tuple(indices[..., j] for j in range(indices.shape[-1]))
-    return _scatter_into(data, index, updates, reduction)
+    return _scatter_into(data, index, updates, reduction, out)
 
 
-@kernel("ScatterND", since=11)
-def scatter_nd_11(data, indices, updates):
+@kernel("ScatterND", since=11, out=True, inplace=(0,), views=False)
+def scatter_nd_11(data, indices, updates, *, out=None):
     """ScatterND-11/13: write update slices at the index tuples in indices' last dim."""
-    return _scatter_nd(data, indices, updates)
+    return _scatter_nd(data, indices, updates, out=out)
 
 
-@kernel("ScatterND", since=16)
-def scatter_nd_16(data, indices, updates, *, reduction="none"):
+@kernel("ScatterND", since=16, out=True, inplace=(0,), views=False)
+def scatter_nd_16(data, indices, updates, *, reduction="none", out=None):
     """ScatterND-16/18: combine with none/add/mul (16) and max/min (18)."""
-    return _scatter_nd(data, indices, updates, reduction)
+    return _scatter_nd(data, indices, updates, reduction, out)
 
 
-@kernel("TensorScatter", since=24)
-def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2):
+@kernel("TensorScatter", since=24, out=True, inplace=(0,), views=False)
+def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axis=-2, out=None):
     """TensorScatter-24: write update into a copy of the cache at per-batch sequence offsets."""
     if mode not in ("linear", "circular"):
         raise ValueError(f"TensorScatter mode {mode!r} is not linear or circular")
@@ -174,7 +183,7 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axi
         raise ValueError("TensorScatter axis cannot be the batch axis 0")
     batch, capacity, length = past_cache.shape[0], past_cache.shape[axis], update.shape[axis]
     starts = np.zeros(batch, _INT64) if write_indices is None else np.asarray(write_indices, _INT64).reshape(-1)
-    out = past_cache.copy()
+    out = _copy(past_cache, out)  # in place on the cache when the engine allows it
     for b in range(batch):  # batch is small; each step is one vectorized slab write
         pos = starts[b] + np.arange(length)
         if mode == "circular":
@@ -186,13 +195,18 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axi
 # --- Selection ------------------------------------------------------------------------------
 
 
-@kernel("Where", since=9)
-def where(condition, X, Y):
+@kernel("Where", since=9, out=True, views=False)
+def where(condition, X, Y, *, out=None):
     """Where-9/16: elementwise choice with multidirectional broadcasting."""
-    return np.asarray(np.where(condition, X, Y))
+    if out is None:
+        return np.asarray(np.where(condition, X, Y))
+    # Two masked copies write straight into the planned buffer, no temporary.
+    np.copyto(out, Y)
+    np.copyto(out, X, where=condition)
+    return out
 
 
-@kernel("NonZero", since=9)
+@kernel("NonZero", since=9, views=False)
 def non_zero(X):
     """NonZero-9/13: int64 [rank, count] coordinates of nonzero entries, row-major."""
     if X.ndim == 0:  # numpy refuses 0-d input; a scalar has rank 0 and 0 or 1 hits
@@ -200,14 +214,14 @@ def non_zero(X):
     return np.asarray(np.nonzero(X), dtype=_INT64).reshape(X.ndim, -1)
 
 
-@kernel("Compress", since=9)
+@kernel("Compress", since=9, views=False)
 def compress(input, condition, *, axis=None):
     """Compress-9/11/28: keep slices along axis (or flattened elements) where condition is true."""
     cond = np.asarray(condition).astype(bool).reshape(-1)
     return np.compress(cond, input, axis=None if axis is None else _axis(axis, input.ndim))
 
 
-@kernel("ReverseSequence", since=10)
+@kernel("ReverseSequence", since=10, views=False)
 def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
     """ReverseSequence-10/28: reverse the first sequence_lens[b] steps of each batch entry."""
     x = np.moveaxis(input, (batch_axis, time_axis), (0, 1))
@@ -218,7 +232,7 @@ def reverse_sequence(input, sequence_lens, *, batch_axis=1, time_axis=0):
     return np.ascontiguousarray(np.moveaxis(out, (0, 1), (batch_axis, time_axis)))
 
 
-@kernel("Unique", since=11)
+@kernel("Unique", since=11, views=False)
 def unique(X, *, axis=None, sorted=1):
     """Unique-11/28: unique values (or slices along axis), first indices, inverse, counts."""
     ax = None if axis is None else _axis(axis, X.ndim)

@@ -9,7 +9,7 @@ from minfer_core import kernel
 _MODES = ("constant", "reflect", "edge", "wrap")
 
 
-def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None) -> np.ndarray:
+def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> np.ndarray:
     """Pad (or crop, for negative pads) data; pads = [begins..., ends...] over axes."""
     if mode not in _MODES:
         raise ValueError(f"Pad mode {mode!r} is not one of {sorted(_MODES)}")
@@ -25,36 +25,45 @@ def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None) -> np.ndarray
     crop = tuple(slice(max(-b, 0), data.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width))
     cropped = data[crop]
     grow = [(max(b, 0), max(e, 0)) for b, e in width]
-    if not any(b or e for b, e in grow):
+    if out is None and not any(b or e for b, e in grow):
         return cropped  # pure crop: a view, no copy
     if mode == "constant":
         fill = 0 if value is None else np.asarray(value).reshape(-1)[0]
-        return np.pad(cropped, grow, mode="constant", constant_values=fill)
-    return np.pad(cropped, grow, mode=mode)
+        if out is None:
+            return np.pad(cropped, grow, mode="constant", constant_values=fill)
+        # Into the planned buffer: fill the border, copy the interior, no temporary.
+        out[...] = fill
+        out[tuple(slice(b, b + n) for (b, _), n in zip(grow, cropped.shape))] = cropped
+        return out
+    padded = np.pad(cropped, grow, mode=mode)
+    if out is None:
+        return padded
+    np.copyto(out, padded)
+    return out
 
 
-@kernel("Pad", since=1)
-def pad_1(data, *, value=0.0, mode="constant", paddings):
+@kernel("Pad", since=1, out=True, views=True)
+def pad_1(data, *, value=0.0, mode="constant", paddings, out=None):
     """Pad-1: paddings and the constant value as attributes."""
-    return _pad(data, paddings, mode, value)
+    return _pad(data, paddings, mode, value, out=out)
 
 
-@kernel("Pad", since=2)
-def pad_2(data, *, value=0.0, mode="constant", pads):
+@kernel("Pad", since=2, out=True, views=True)
+def pad_2(data, *, value=0.0, mode="constant", pads, out=None):
     """Pad-2: pads and the constant value as attributes."""
-    return _pad(data, pads, mode, value)
+    return _pad(data, pads, mode, value, out=out)
 
 
-@kernel("Pad", since=11)
-def pad_11(data, pads, constant_value=None, *, mode="constant"):
+@kernel("Pad", since=11, out=True, views=True)
+def pad_11(data, pads, constant_value=None, *, mode="constant", out=None):
     """Pad-11/13: pads and the optional constant value as inputs."""
-    return _pad(data, pads, mode, constant_value)
+    return _pad(data, pads, mode, constant_value, out=out)
 
 
-@kernel("Pad", since=18)
-def pad_18(data, pads, constant_value=None, axes=None, *, mode="constant"):
+@kernel("Pad", since=18, out=True, views=True)
+def pad_18(data, pads, constant_value=None, axes=None, *, mode="constant", out=None):
     """Pad-18..25: optional axes input; pads cover only those axes; wrap mode from 19."""
-    return _pad(data, pads, mode, constant_value, axes)
+    return _pad(data, pads, mode, constant_value, axes, out)
 
 
 KERNELS = [pad_1, pad_2, pad_11, pad_18]

@@ -37,25 +37,25 @@ def _reshape(x: np.ndarray, shape: list[int], allowzero: int = 0) -> np.ndarray:
 # --- Reshape -----------------------------------------------------------------
 
 
-@kernel("Reshape", since=1)
+@kernel("Reshape", since=1, views=True)
 def reshape_1(data, *, shape=None, consumed_inputs=None):
     """Reshape-1: target shape as an attribute."""
     return _reshape(data, list(shape or []))
 
 
-@kernel("Reshape", since=5)
+@kernel("Reshape", since=5, views=True)
 def reshape_5(data, shape):
     """Reshape-5: target shape as an int64 input."""
     return _reshape(data, _ints(shape))
 
 
-@kernel("Reshape", since=14)
+@kernel("Reshape", since=14, views=True)
 def reshape_14(data, shape, *, allowzero=0):
     """Reshape-14: allowzero=1 makes a 0 in shape a real zero-size dim."""
     return _reshape(data, _ints(shape), allowzero)
 
 
-@kernel("Flatten", since=1)
+@kernel("Flatten", since=1, views=True)
 def flatten(input, *, axis=1):
     """Flatten-1..25: to 2-D, splitting dims at axis (negative counts from the back)."""
     rank = input.ndim
@@ -90,25 +90,25 @@ def _unsqueeze(data: np.ndarray, axes) -> np.ndarray:
     return data.reshape([1 if i in insert else next(dims) for i in range(rank)])
 
 
-@kernel("Squeeze", since=1)
+@kernel("Squeeze", since=1, views=True)
 def squeeze_1(data, *, axes=None):
     """Squeeze-1/11: axes as an attribute; no axes drops every size-1 dim."""
     return _squeeze(data, axes)
 
 
-@kernel("Squeeze", since=13)
+@kernel("Squeeze", since=13, views=True)
 def squeeze_13(data, axes=None):
     """Squeeze-13: axes as an optional int64 input."""
     return _squeeze(data, axes)
 
 
-@kernel("Unsqueeze", since=1)
+@kernel("Unsqueeze", since=1, views=True)
 def unsqueeze_1(data, *, axes):
     """Unsqueeze-1/11: axes (of the output) as an attribute."""
     return _unsqueeze(data, axes)
 
 
-@kernel("Unsqueeze", since=13)
+@kernel("Unsqueeze", since=13, views=True)
 def unsqueeze_13(data, axes):
     """Unsqueeze-13: axes (of the output) as an int64 input."""
     return _unsqueeze(data, axes)
@@ -117,7 +117,7 @@ def unsqueeze_13(data, axes):
 # --- Identity / Dropout ----------------------------------------------------------
 
 
-@kernel("Identity", since=1)
+@kernel("Identity", since=1, views=True)
 def identity(input):
     """Identity-1..25: a view of a tensor; sequences and optionals pass through."""
     return input.view() if isinstance(input, np.ndarray) else input
@@ -127,31 +127,31 @@ def _ones_mask(data: np.ndarray, dtype) -> np.ndarray:
     return np.ones(data.shape, dtype=dtype)
 
 
-@kernel("Dropout", since=1)
+@kernel("Dropout", since=1, views=True)
 def dropout_1(data, *, is_test=0, ratio=0.5, consumed_inputs=None):
     """Dropout-1: inference only; the mask (data's dtype) keeps everything."""
     return data.view(), _ones_mask(data, data.dtype)
 
 
-@kernel("Dropout", since=6)
+@kernel("Dropout", since=6, views=True)
 def dropout_6(data, *, is_test=0, ratio=0.5):
     """Dropout-6: inference only; the mask (data's dtype) keeps everything."""
     return data.view(), _ones_mask(data, data.dtype)
 
 
-@kernel("Dropout", since=7)
+@kernel("Dropout", since=7, views=True)
 def dropout_7(data, *, ratio=0.5):
     """Dropout-7: always inference; mask in data's dtype."""
     return data.view(), _ones_mask(data, data.dtype)
 
 
-@kernel("Dropout", since=10)
+@kernel("Dropout", since=10, views=True)
 def dropout_10(data, *, ratio=0.5):
     """Dropout-10: always inference; mask is bool."""
     return data.view(), _ones_mask(data, np.bool_)
 
 
-@kernel("Dropout", since=12)
+@kernel("Dropout", since=12, views=True)
 def dropout_12(data, ratio=None, training_mode=None, *, seed=None):
     """Dropout-12/13/22: identity unless training_mode is true, then scaled random drop."""
     if training_mode is None or not bool(np.asarray(training_mode)):
@@ -169,23 +169,23 @@ def dropout_12(data, ratio=None, training_mode=None, *, seed=None):
 # --- Transpose / Concat / Split ----------------------------------------------------
 
 
-@kernel("Transpose", since=1)
+@kernel("Transpose", since=1, views=True)
 def transpose(data, *, perm=None):
     """Transpose-1..25: permute axes, reversing them when perm is absent."""
     # A strided view: consumers that need contiguity copy once, most do not.
     return np.transpose(data, perm)
 
 
-@kernel("Concat", since=1)
-def concat_1(*inputs, axis=None):
+@kernel("Concat", since=1, out=True, views=False)
+def concat_1(*inputs, axis=None, out=None):
     """Concat-1: axis defaulted to 1 in this version."""
-    return np.concatenate(inputs, axis=1 if axis is None else axis)
+    return np.concatenate(inputs, axis=1 if axis is None else axis, out=out)
 
 
-@kernel("Concat", since=4)
-def concat_4(*inputs, axis):
+@kernel("Concat", since=4, out=True, views=False)
+def concat_4(*inputs, axis, out=None):
     """Concat-4/11/13: join along axis (negative allowed from 11)."""
-    return np.concatenate(inputs, axis=axis)
+    return np.concatenate(inputs, axis=axis, out=out)
 
 
 def _split_sizes(dim: int, split, n: int | None) -> list[int]:
@@ -208,7 +208,7 @@ def _split(x: np.ndarray, axis: int, sizes: list[int]) -> tuple[np.ndarray, ...]
     return tuple(np.split(x, bounds, axis=axis))
 
 
-@kernel("Split", since=1, prepare=True)
+@kernel("Split", since=1, prepare=True, views=True)
 def split_1(ctx, *, axis=None, split=None):
     """Split-1: sizes from the split attribute or the optional second input."""
 
@@ -219,7 +219,7 @@ def split_1(ctx, *, axis=None, split=None):
     return run
 
 
-@kernel("Split", since=2, prepare=True)
+@kernel("Split", since=2, prepare=True, views=True)
 def split_2(ctx, *, axis=0, split=None):
     """Split-2/11: sizes from the split attribute, else equal parts per output."""
 
@@ -230,7 +230,7 @@ def split_2(ctx, *, axis=0, split=None):
     return run
 
 
-@kernel("Split", since=13, prepare=True)
+@kernel("Split", since=13, prepare=True, views=True)
 def split_13(ctx, *, axis=0):
     """Split-13: sizes from the optional split input, else equal parts per output."""
 
@@ -241,7 +241,7 @@ def split_13(ctx, *, axis=0):
     return run
 
 
-@kernel("Split", since=18, prepare=True)
+@kernel("Split", since=18, prepare=True, views=True)
 def split_18(ctx, *, axis=0, num_outputs=None):
     """Split-18: split input, or num_outputs chunks of ceil(dim/n) with a smaller last one."""
 
@@ -255,48 +255,58 @@ def split_18(ctx, *, axis=0, num_outputs=None):
 # --- Shape / Size / Expand / Tile ---------------------------------------------------
 
 
-@kernel("Shape", since=1)
+@kernel("Shape", since=1, views=False)
 def shape_1(data):
     """Shape-1/13: the input's shape as int64."""
     return np.asarray(data.shape, dtype=_INT64)
 
 
-@kernel("Shape", since=15)
+@kernel("Shape", since=15, views=False)
 def shape_15(data, *, end=None, start=0):
     """Shape-15..25: dims [start, end) with negative and out-of-range bounds clamped."""
     # Python slicing already clamps exactly as ONNX specifies.
     return np.asarray(data.shape[start:end], dtype=_INT64)
 
 
-@kernel("Size", since=1)
+@kernel("Size", since=1, views=False)
 def size(data):
     """Size-1..25: element count as a 0-d int64 tensor."""
     return np.asarray(data.size, dtype=_INT64)
 
 
-@kernel("Expand", since=8)
-def expand(input, shape):
+@kernel("Expand", since=8, out=True, views=False)
+def expand(input, shape, *, out=None):
     """Expand-8/13: bidirectional broadcast of input to shape."""
     target = np.broadcast_shapes(input.shape, tuple(_ints(shape)))
     # Materialize: a zero-stride broadcast view is read-only and would surprise consumers.
-    return np.array(np.broadcast_to(input, target))
+    out = np.empty(target, input.dtype) if out is None else out
+    np.copyto(out, input)
+    return out
 
 
-@kernel("Tile", since=1)
-def tile_1(input, tiles, axis):
+def _tile(x: np.ndarray, reps: list[int], out: np.ndarray | None) -> np.ndarray:
+    """Tile by one broadcast copy: view the output as (rep0, d0, rep1, d1, ...)."""
+    if len(reps) != x.ndim:
+        raise ValueError(f"Tile repeats {reps} must have one entry per axis of shape {x.shape}")
+    if out is None:
+        out = np.empty([r * d for r, d in zip(reps, x.shape)], x.dtype)
+    pairs = [v for r, d in zip(reps, x.shape) for v in (r, d)]
+    np.copyto(out.reshape(pairs), x.reshape([v for d in x.shape for v in (1, d)]))
+    return out
+
+
+@kernel("Tile", since=1, out=True, views=False)
+def tile_1(input, tiles, axis, *, out=None):
     """Tile-1: repeat input `tiles` times along one axis."""
     reps = [1] * input.ndim
     reps[_axis(int(np.asarray(axis).reshape(-1)[0]), input.ndim)] = int(np.asarray(tiles).reshape(-1)[0])
-    return np.tile(input, reps)
+    return _tile(input, reps, out)
 
 
-@kernel("Tile", since=6)
-def tile_6(input, repeats):
+@kernel("Tile", since=6, out=True, views=False)
+def tile_6(input, repeats, *, out=None):
     """Tile-6/13: repeat input repeats[i] times along each axis i."""
-    reps = _ints(repeats)
-    if len(reps) != input.ndim:
-        raise ValueError(f"Tile repeats {reps} must have one entry per axis of shape {input.shape}")
-    return np.tile(input, reps)
+    return _tile(input, _ints(repeats), out)
 
 
 KERNELS = [

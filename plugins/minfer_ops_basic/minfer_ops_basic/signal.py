@@ -19,30 +19,35 @@ def _scalar(v) -> int | float:
 # --- Cumulative scans -------------------------------------------------------------------------
 
 
-def _scan(x: np.ndarray, axis, exclusive: int, reverse: int, ufunc: np.ufunc, identity) -> np.ndarray:
+def _scan(x: np.ndarray, axis, exclusive: int, reverse: int, ufunc: np.ufunc, identity, out) -> np.ndarray:
     """Inclusive/exclusive, forward/reverse running ufunc along axis, in x's dtype."""
     ax = int(_scalar(axis))
     ax = ax + x.ndim if ax < 0 else ax
-    src = np.flip(x, ax) if reverse else x
+    out = np.empty_like(x) if out is None else out
+    # Reverse = a forward scan over flipped views of both input and output.
+    src, dst = (np.flip(x, ax), np.flip(out, ax)) if reverse else (x, out)
     # dtype=x.dtype: numpy would otherwise widen small ints to the platform int.
-    out = ufunc.accumulate(src, axis=ax, dtype=x.dtype)
-    if exclusive:
-        # Shift by one: each position sees only what came strictly before it.
-        head = np.full_like(np.take(out, [0], axis=ax), identity)
-        out = np.concatenate([head, np.take(out, np.arange(out.shape[ax] - 1), axis=ax)], axis=ax)
-    return np.ascontiguousarray(np.flip(out, ax)) if reverse else out
+    if not exclusive:
+        ufunc.accumulate(src, axis=ax, dtype=x.dtype, out=dst)
+        return out
+    # Exclusive: position i sees only positions before it, so shift the scan by one.
+    head, body, rest = ([slice(None)] * x.ndim for _ in range(3))
+    head[ax], body[ax], rest[ax] = slice(0, 1), slice(1, None), slice(0, -1)
+    ufunc.accumulate(src[tuple(rest)], axis=ax, dtype=x.dtype, out=dst[tuple(body)])
+    dst[tuple(head)] = identity
+    return out
 
 
-@kernel("CumSum", since=11)
-def cum_sum(x, axis, *, reverse=0, exclusive=0):
+@kernel("CumSum", since=11, out=True, views=False)
+def cum_sum(x, axis, *, reverse=0, exclusive=0, out=None):
     """CumSum-11/14: running sum along axis (exclusive skips self, reverse runs from the end)."""
-    return _scan(x, axis, exclusive, reverse, np.add, 0)
+    return _scan(x, axis, exclusive, reverse, np.add, 0, out)
 
 
-@kernel("CumProd", since=26)
-def cum_prod(x, axis, *, reverse=0, exclusive=0):
+@kernel("CumProd", since=26, out=True, views=False)
+def cum_prod(x, axis, *, reverse=0, exclusive=0, out=None):
     """CumProd-26: running product along axis (exclusive skips self, reverse runs from the end)."""
-    return _scan(x, axis, exclusive, reverse, np.multiply, 1)
+    return _scan(x, axis, exclusive, reverse, np.multiply, 1, out)
 
 
 # --- DFT / STFT -----------------------------------------------------------------------------------
@@ -76,19 +81,19 @@ def _dft(x: np.ndarray, dft_length, axis: int, inverse: int, onesided: int) -> n
     return _from_complex(spectrum, x.dtype)
 
 
-@kernel("DFT", since=17)
+@kernel("DFT", since=17, views=False)
 def dft_17(input, dft_length=None, *, inverse=0, axis=1, onesided=0):
     """DFT-17: axis as an attribute (default 1, the first dim after batch)."""
     return _dft(input, dft_length, axis, inverse, onesided)
 
 
-@kernel("DFT", since=20)
+@kernel("DFT", since=20, views=False)
 def dft_20(input, dft_length=None, axis=None, *, inverse=0, onesided=0):
     """DFT-20: axis as an optional input (default -2, the last signal dim)."""
     return _dft(input, dft_length, -2 if axis is None else int(_scalar(axis)), inverse, onesided)
 
 
-@kernel("STFT", since=17)
+@kernel("STFT", since=17, views=False)
 def stft(signal, frame_step, window=None, frame_length=None, *, onesided=1):
     """STFT-17: DFT of windowed frames: [batch, frames, bins, 2]."""
     z = _to_complex(signal)
@@ -121,19 +126,19 @@ def _cosine_window(size, periodic: int, output_datatype: int, a0: float, a1: flo
     return (a0 - a1 * np.cos(angle) + a2 * np.cos(2 * angle)).astype(minfer_core.onnx_dtype(output_datatype))
 
 
-@kernel("HannWindow", since=17)
+@kernel("HannWindow", since=17, views=False)
 def hann_window(size, *, periodic=1, output_datatype=1):
     """HannWindow-17: 0.5 - 0.5 cos(2 pi n / N)."""
     return _cosine_window(size, periodic, output_datatype, 0.5, 0.5, 0.0)
 
 
-@kernel("HammingWindow", since=17)
+@kernel("HammingWindow", since=17, views=False)
 def hamming_window(size, *, periodic=1, output_datatype=1):
     """HammingWindow-17: alpha - (1 - alpha) cos(2 pi n / N), alpha = 25/46 as onnx defines it."""
     return _cosine_window(size, periodic, output_datatype, 25 / 46, 21 / 46, 0.0)
 
 
-@kernel("BlackmanWindow", since=17)
+@kernel("BlackmanWindow", since=17, views=False)
 def blackman_window(size, *, periodic=1, output_datatype=1):
     """BlackmanWindow-17: 0.42 - 0.5 cos(2 pi n / N) + 0.08 cos(4 pi n / N)."""
     return _cosine_window(size, periodic, output_datatype, 0.42, 0.5, 0.08)
@@ -149,7 +154,7 @@ def _mel_edges(num_mel: int, dft_length: int, rate: float, low: float, high: flo
     return np.floor((dft_length + 1) * hertz / rate).astype(np.int64)
 
 
-@kernel("MelWeightMatrix", since=17)
+@kernel("MelWeightMatrix", since=17, views=False)
 def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, upper_edge_hertz, *, output_datatype=1):
     """MelWeightMatrix-17: [dft_length // 2 + 1, num_mel_bins] triangular filters peaking at 1."""
     num_mel, n = int(_scalar(num_mel_bins)), int(_scalar(dft_length))
