@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from conftest import make_model, tensor
+from modelkit import make_model, tensor
 from minfer_core import InferenceSession, get_registry
 
 

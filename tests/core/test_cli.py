@@ -7,7 +7,7 @@ import json
 import pytest
 from onnx import helper
 
-from conftest import make_model, tensor
+from modelkit import make_model, tensor
 from minfer_core.cli import main
 
 

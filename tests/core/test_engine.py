@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
-from conftest import make_model, tensor
+from modelkit import make_model, tensor
 from minfer_core import BadFeedError, InferenceSession, UnsupportedOpError
 
 

@@ -7,7 +7,7 @@ import onnx
 import pytest
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from conftest import make_model, ort_run, tensor
+from modelkit import make_model, ort_run, tensor
 from minfer_core import InferenceSession, ModelLoadError, load_model, to_model_proto
 from minfer_core.graph import Graph
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from onnx import helper
 
-from conftest import make_model, tensor
+from modelkit import make_model, tensor
 from minfer_core import (
     AmbiguousKernelError,
     InferenceSession,

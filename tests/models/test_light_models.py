@@ -6,7 +6,7 @@ import numpy as np
 import onnx.backend.test
 import pytest
 
-from conftest import ort_run
+from modelkit import ort_run
 from minfer_core import InferenceSession
 from minfer_core.backend import MinferBackend
 from minfer_core.zoo import LIGHT_MODELS, randomized

@@ -8,7 +8,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import minfer_core.engine as engine_mod
 import minfer_core.infer as infer_mod
-from conftest import make_model, ort_run, tensor
+from modelkit import make_model, ort_run, tensor
 from minfer_core import BadFeedError, InferenceSession
 
 RNG = np.random.default_rng(7)

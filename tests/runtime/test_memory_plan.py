@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
-from conftest import make_model, tensor
+from modelkit import make_model, tensor
 from minfer_core import InferenceSession
 from minfer_core.memory import Block, align, live_set_bytes, place
 

@@ -1,0 +1,35 @@
+"""Model builders and the onnxruntime oracle shared by the test suite (import as `modelkit`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+ORT_IR_VERSION = 10  # onnx 1.23 stamps IR 14, which onnxruntime 1.31 refuses
+
+
+def make_model(nodes: list[onnx.NodeProto], inputs: list[Any], outputs: list[Any], initializers=(), opset: int = 17, **kw: Any) -> onnx.ModelProto:
+    """A model onnxruntime accepts: explicit opset and IR version."""
+    graph = helper.make_graph(nodes, "test", inputs, outputs, list(initializers))
+    opsets = [helper.make_opsetid("", opset)] + list(kw.pop("extra_opsets", []))
+    model = helper.make_model(graph, opset_imports=opsets, **kw)
+    model.ir_version = ORT_IR_VERSION
+    return model
+
+
+def tensor(name: str, shape: Any, elem: int = TensorProto.FLOAT) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, elem, shape)
+
+
+def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's outputs for ``model`` (2 threads, warnings off)."""
+    ort = pytest.importorskip("onnxruntime")
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = 2
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, feeds)
