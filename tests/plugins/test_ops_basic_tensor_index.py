@@ -200,6 +200,14 @@ def test_topk_matches_onnxruntime(x, data):
     assert_matches_ort("TopK", 11, [x, i64(k)], attrs, num_outputs=2)
 
 
+@SETTINGS
+@given(st.integers(0, 2**16), st.integers(1, 40), st.sampled_from([0, 1]), st.sampled_from([2, 50, 10**6]))
+def test_topk_small_k_on_long_rows_matches_onnxruntime(seed, k, largest, spread):
+    """TopK's partition path (k much smaller than the axis) keeps onnxruntime's tie order at the cut."""
+    x = np.random.default_rng(seed).integers(0, spread, (3, 400, 2)).astype(np.float32)
+    assert_matches_ort("TopK", 11, [x, i64(k)], {"axis": 1, "largest": largest}, num_outputs=2)
+
+
 def test_compress_and_where_and_reverse_sequence():
     """Compress keeps condition-true slices; Where broadcasts; ReverseSequence reverses per-batch prefixes."""
     assert call("Compress", 11, X, np.array([False, True]), axis=1).shape == (3, 1, 5)
