@@ -42,12 +42,10 @@ def pytest_configure(config: Any) -> None:
     wanted = config.getoption("minfer_passes", None)
     profile = os.environ.get(PROFILE_ENV) or config.getoption("hypothesis_profile", None) or ""
     if wanted or profile.startswith("minfer-"):
+        # registered before hypothesis's own plugin loads --hypothesis-profile (this hook runs first)
         from minfer_core.testing.suite import register_profiles
 
         register_profiles()
-        from hypothesis import settings
-
-        settings.load_profile(profile if profile.startswith("minfer-") else "minfer-ci")
     if wanted:
         from minfer_core.testing import pass_suite
 

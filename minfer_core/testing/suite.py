@@ -33,6 +33,26 @@ def register_profiles() -> None:
         )
 
 
+def suite_settings() -> Any:
+    """The settings the suite runs under.
+
+    ``MINFER_HYPOTHESIS_PROFILE`` wins; else a loaded ``minfer-*`` profile
+    (``--hypothesis-profile=minfer-nightly``) or a loaded ``nightly`` profile
+    maps to ``minfer-nightly``; else ``minfer-ci``. The suite applies them per
+    property, so loading them never changes other tests' settings.
+    """
+    import os
+
+    from hypothesis import settings
+
+    register_profiles()
+    current = getattr(settings, "_current_profile", "") or ""
+    name = os.environ.get("MINFER_HYPOTHESIS_PROFILE") or (
+        current if current.startswith("minfer-") else "minfer-nightly" if current == "nightly" else "minfer-ci"
+    )
+    return settings.get_profile(name)
+
+
 def verify_pass(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None) -> int:
     """Check ``p`` on examples from its target strategy; returns how many examples it fired on.
 
@@ -54,9 +74,7 @@ def verify_pass(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None
     def prop(graph: Any) -> None:
         fired.append(check_pass(p, graph, installed=installed).changed)
 
-    if settings is not None:
-        prop = settings(prop)
-    prop()
+    (settings or suite_settings())(prop)()
     if not any(fired):
         raise PassCheckFailure(
             f"pass {p.name!r} (from {p.plugin}) never changed any of {len(fired)} graphs from its target "
@@ -77,7 +95,7 @@ def verify_on_random_graphs(p: Pass, installed: Iterable[Pass] = (), *, settings
     def prop(graph: Any) -> None:
         check_pass(p, graph, installed=installed)
 
-    (settings(prop) if settings is not None else prop)()
+    (settings or suite_settings())(prop)()
 
 
 def verify_pipeline(passes: Sequence[Pass], sources: Sequence[Any], *, settings: Any = None) -> None:
@@ -89,4 +107,4 @@ def verify_pipeline(passes: Sequence[Pass], sources: Sequence[Any], *, settings:
     def prop(graph: Any) -> None:
         check_pipeline(graph, passes)
 
-    (settings(prop) if settings is not None else prop)()
+    (settings or suite_settings())(prop)()
