@@ -22,6 +22,8 @@ from .memory import align
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
+from .runloop import StepFailure, execute, execute_observed, execute_watching
+from .threads import set_blas_threads
 from .plugins import Registry, get_registry, provider_hint
 from .tensor import TensorType
 
@@ -67,8 +69,10 @@ class Engine:
         disabled_passes: Iterable[str] = (),
         registry: Registry | None = None,
         provider: str = DEFAULT_PROVIDER,
+        threads: int | None = None,
     ) -> None:
         self.registry = registry or get_registry()
+        self.threads = threads  # numpy BLAS threads during run(); None leaves numpy's setting alone
         graph = model.copy() if isinstance(model, Graph) else load_model(model)
         graph.validate()
         self.pass_results = optimize(graph, self.registry, passes, disabled_passes)
@@ -173,6 +177,14 @@ class Engine:
                 raise BadFeedError(f"unknown output {n!r}; the model's outputs are {self.graph.outputs}")
         vals = list(self._template)
         sig = self._check_feeds(feeds, vals)
+        previous = set_blas_threads(self.threads) if self.threads else None
+        try:
+            return self._run(names, sig, vals, intermediate)
+        finally:
+            if previous is not None and previous != self.threads:
+                set_blas_threads(previous)
+
+    def _run(self, names: list[str], sig: Signature, vals: list[Any], intermediate: bool) -> Any:
         if intermediate:
             self._execute(vals, self._unfreed, self.observers)
             outputs = [vals[self.slots[n]] for n in names]
@@ -228,82 +240,25 @@ class Engine:
         return types
 
     def _execute(self, vals: list[Any], steps: list[Step], observers: Sequence[Any] = ()) -> None:
-        if observers:
-            self._execute_observed(vals, steps, observers)
-            return
-        i = 0
         try:
-            for i, (fn, ins, out0, outs, free) in enumerate(steps):
-                res = fn(*[vals[s] for s in ins])
-                if type(res) is tuple or type(res) is list:
-                    for slot, value in zip(outs, res):
-                        vals[slot] = value
-                    vals[0] = None
-                else:
-                    vals[out0] = res
-                for slot in free:
-                    vals[slot] = None
-        except MinferError:
-            raise
-        except Exception as exc:
-            raise self._failure(i, vals, exc) from exc
-
-    def _execute_observed(self, vals: list[Any], steps: list[Step], observers: Sequence[Any]) -> None:
-        """The run loop with observers (profilers, tracers) called around each node."""
-        i = 0
-        try:
-            for i, (fn, ins, out0, outs, free) in enumerate(steps):
-                node = self.step_nodes[i]
-                for ob in observers:
-                    ob.on_node_start(node)
-                res = fn(*[vals[s] for s in ins])
-                results = res if type(res) is tuple or type(res) is list else (res,)
-                for ob in observers:
-                    ob.on_node_end(node, results)
-                for slot, value in zip(outs, results):
-                    vals[slot] = value
-                vals[0] = None
-                for slot in free:
-                    vals[slot] = None
-        except MinferError:
-            raise
-        except Exception as exc:
-            raise self._failure(i, vals, exc) from exc
+            if observers:
+                execute_observed(vals, steps, self.step_nodes, observers)
+            else:
+                execute(vals, steps)
+        except StepFailure as failure:
+            raise self._failure(failure) from failure.__cause__
 
     def _execute_watching(
         self, vals: list[Any], observed: dict[int, tuple[tuple[int, ...], np.dtype]], observers: Sequence[Any]
     ) -> list[frozenset[tuple[int, int]]]:
-        """The discovery loop: records each output's shape and which inputs it shares memory with."""
-        seen: list[frozenset[tuple[int, int]]] = []
-        i = 0
         try:
-            for i, (fn, ins, out0, outs, free) in enumerate(self.steps):
-                args = [vals[s] for s in ins]
-                node = self.step_nodes[i]
-                for ob in observers:
-                    ob.on_node_start(node)
-                res = fn(*args)
-                results = res if type(res) is tuple or type(res) is list else (res,)
-                for ob in observers:
-                    ob.on_node_end(node, results)
-                seen.append(_shared(results, args))
-                for slot, value in zip(outs, results):
-                    if slot and isinstance(value, np.ndarray):
-                        observed[slot] = (value.shape, value.dtype)
-                    vals[slot] = value
-                vals[0] = None
-                for slot in free:
-                    vals[slot] = None
-        except MinferError:
-            raise
-        except Exception as exc:
-            raise self._failure(i, vals, exc) from exc
-        return seen
+            return execute_watching(vals, self.steps, self.step_nodes, observers, observed)
+        except StepFailure as failure:
+            raise self._failure(failure) from failure.__cause__
 
-    def _failure(self, i: int, vals: list[Any], exc: Exception) -> KernelError:
-        node = self.step_nodes[i]
-        shapes = [getattr(vals[s], "shape", None) for s in self.specs[i].ins]
-        return KernelError(f"{node.label} failed on input shapes {shapes}: {type(exc).__name__}: {exc}")
+    def _failure(self, failure: StepFailure) -> KernelError:
+        node, exc = self.step_nodes[failure.step], failure.__cause__
+        return KernelError(f"{node.label} failed on input shapes {failure.shapes}: {type(exc).__name__}: {exc}")
 
     def _check_feeds(self, feeds: Mapping[str, Any], vals: list[Any]) -> Signature:
         graph = self.graph
@@ -355,22 +310,12 @@ class Engine:
         return [_node_arg(n, self.graph.type_of(n)) for n in self.graph.outputs]
 
 
-def _shared(results: Sequence[Any], args: Sequence[Any]) -> frozenset[tuple[int, int]]:
-    """(output index, input index) pairs whose memory overlaps: the output is a view of that input."""
-    pairs = []
-    for j, r in enumerate(results):
-        if not isinstance(r, np.ndarray):
-            continue
-        for n, a in enumerate(args):
-            if isinstance(a, np.ndarray) and np.may_share_memory(r, a):
-                pairs.append((j, n))
-    return frozenset(pairs)
-
-
 class InferenceSession(Engine):
     """onnxruntime's ``InferenceSession`` call shape over minfer's Engine.
 
-    ``sess_options`` and ``providers`` are accepted for compatibility and ignored.
+    ``sess_options`` and ``providers`` are accepted for compatibility; of the
+    options only ``intra_op_num_threads`` is honoured (as numpy's BLAS thread
+    count during runs, like ``threads=``).
     """
 
     def __init__(
@@ -382,9 +327,12 @@ class InferenceSession(Engine):
         passes: PassSelection = "all",
         disabled_passes: Iterable[str] = (),
         registry: Registry | None = None,
+        threads: int | None = None,
         **_ignored: Any,
     ) -> None:
-        super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry)
+        if threads is None and getattr(sess_options, "intra_op_num_threads", 0):
+            threads = int(sess_options.intra_op_num_threads)
+        super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry, threads=threads)
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]

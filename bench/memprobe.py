@@ -1,0 +1,78 @@
+"""Peak memory growth of one engine on one model, measured in a fresh process.
+
+``python -m bench.memprobe ENGINE MODEL BATCH RUNS [THREADS]`` prints one
+JSON line. The baseline is the process with the engine imported and the
+model's bytes (its weights) loaded; then the session is built and run
+``RUNS`` times. ``peak_mb`` is the high-water mark above that baseline over
+build and runs (weights the engine copies or pre-packs, plus activations
+and scratch); ``run_peak_mb`` the high-water mark of the runs alone above the
+RSS after the build; ``weights_mb`` the initializers' size. The high-water
+mark is reset through /proc/self/clear_refs.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import sys
+
+import numpy as np
+
+
+def _status(field: str) -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024.0
+    raise KeyError(field)
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def probe(engine: str, name: str, batch: int, runs: int, threads: int = 2) -> dict[str, float | bool | str]:
+    from bench.benchmark import make_session
+    from bench.models import build
+
+    __import__("minfer_core.engine" if engine == "minfer" else engine.replace("reference", "onnx.reference"))
+    model = build(name, batch)
+    weights = sum(np.prod(t.dims, dtype=np.int64) * 4 for t in model.graph.initializer)
+    blob = model.SerializeToString()
+    del model
+    gc.collect()
+    base = _status("VmRSS")
+    reset = _reset_hwm()
+    run, feeds = make_session(engine, blob, threads)
+    gc.collect()
+    built = _status("VmRSS")
+    build_peak = _status("VmHWM")
+    _reset_hwm()
+    for _ in range(runs):
+        run(feeds)
+    run_peak = _status("VmHWM")
+    return {
+        "engine": engine,
+        "model": name,
+        "batch": batch,
+        "weights_mb": round(weights / 2**20, 2),
+        "build_mb": round(built - base, 2),
+        "peak_mb": round(max(build_peak, run_peak) - base, 2),
+        "run_peak_mb": round(run_peak - built, 2),
+        "hwm_reset": reset,
+    }
+
+
+def main() -> None:
+    engine, name, batch, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    print(json.dumps(probe(engine, name, batch, runs, threads)))
+
+
+if __name__ == "__main__":
+    main()
