@@ -102,7 +102,7 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progr
     progress.stage(f"{label}: building")
     blob = build(name, batch).SerializeToString()
     t0 = time.perf_counter()
-    m_run, feeds = make_session("minfer", blob, args.threads)
+    m_run, feeds = make_session("minfer", blob, args.minfer_threads or args.threads)
     build_s = time.perf_counter() - t0
     o_run, _ = make_session("onnxruntime", blob, args.threads)
     got, want = m_run(feeds)[0], o_run(feeds)[0]
@@ -131,7 +131,8 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progr
     if args.memory:
         for engine in ("minfer", "onnxruntime"):
             progress.stage(f"{label}: peak memory of {engine} (fresh process)")
-            row.update({f"{engine}_{k}": v for k, v in memprobe(engine, name, batch, threads=args.threads).items()})
+            threads = args.minfer_threads or args.threads if engine == "minfer" else args.threads
+            row.update({f"{engine}_{k}": v for k, v in memprobe(engine, name, batch, threads=threads).items()})
     return row
 
 
@@ -264,6 +265,7 @@ def run_benchmark(
     repeat: int = 5,
     rounds: int = 3,
     threads: int = 2,
+    minfer_threads: int | None = None,
     ref: bool = True,
     ref_repeat: int = 1,
     memory: bool = True,
@@ -271,7 +273,8 @@ def run_benchmark(
     progress: Progress | None = None,
 ) -> dict[str, Any]:
     """Benchmark ``names`` (default: the nine light models and the transformer block) at ``batches``."""
-    args = argparse.Namespace(repeat=repeat, rounds=rounds, ref=ref, ref_repeat=ref_repeat, memory=memory, threads=threads)
+    args = argparse.Namespace(repeat=repeat, rounds=rounds, ref=ref, ref_repeat=ref_repeat, memory=memory, threads=threads,
+                              minfer_threads=minfer_threads)
     todo = [(n, b) for b in batches for n in models(list(names) if names else None)]
     progress = progress or Progress(len(todo))
     load_before = os.getloadavg()
@@ -287,30 +290,31 @@ def run_benchmark(
         "summary": summarize(rows, batches),
         "loop_overhead": loop,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_blas_threads": minfer_threads or threads},
     }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from minfer_core.cli_runtime import add_bench_arguments
+
     parser = argparse.ArgumentParser(prog="python -m bench.benchmark", description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="*", help=f"subset of: {', '.join(models())}")
-    parser.add_argument("--batches", nargs="*", type=int, default=[1, 8])
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine per round")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating minfer/ORT rounds")
-    parser.add_argument("--threads", type=int, default=2, help="onnxruntime intra-op threads = minfer BLAS threads")
-    parser.add_argument("--ref-repeat", type=int, default=1, help="timed ReferenceEvaluator runs")
-    parser.add_argument("--no-ref", action="store_true", help="skip the ReferenceEvaluator")
-    parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
-    parser.add_argument("--json", default=str(RESULTS / "latest.json"), help="where to write the results")
-    args = parser.parse_args(argv)
+    add_bench_arguments(parser)
+    return run_from_args(parser.parse_args(argv))
+
+
+def run_from_args(args: argparse.Namespace) -> int:
+    """Run the benchmark for parsed command-line options; print and save the results."""
     result = run_benchmark(
-        args.models, args.batches, repeat=args.repeat, rounds=args.rounds, threads=args.threads, ref=not args.no_ref,
+        args.models, args.batches, repeat=args.repeat, rounds=args.rounds, threads=args.threads,
+        minfer_threads=args.minfer_threads, ref=not args.no_ref,
         ref_repeat=args.ref_repeat, memory=not args.no_memory,
     )
+    out = Path(args.json or RESULTS / "latest.json")
     text = markdown(result["rows"], result["summary"], result["loop_overhead"])
     print(text)
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(result, indent=1))
-    Path(args.json).with_suffix(".md").write_text(text + "\n")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    out.with_suffix(".md").write_text(text + "\n")
     return 0
 
 
