@@ -14,7 +14,7 @@ from ..passes import Pass
 from .checks import PassCheckFailure, check_pass, check_pipeline
 
 PROFILES = {
-    "minfer-ci": dict(max_examples=12, derandomize=True),
+    "minfer-ci": dict(max_examples=25, derandomize=True),
     "minfer-nightly": dict(max_examples=500),
 }
 

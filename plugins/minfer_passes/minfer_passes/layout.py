@@ -15,6 +15,11 @@
   ``ReduceMean``/``ReduceMax`` over the spatial axes with ``keepdims=0``: the
   Flatten is a no-op for the consumer once the reduction drops the 1x1 axes.
   Exact for Max; for Mean the reduction order may differ (float rounding).
+- ``global_conv_to_gemm``: a Conv with constant 1x1 weights, one group and no
+  padding on a [N, C, 1, 1] input (what a global pooling produces) is a
+  matrix product: ``Flatten(x) -> Gemm(W[M, C], B, transB=1)``, writing the
+  output of a following flatten-to-[N, M] directly, else reshaped back to
+  [N, M, 1, 1]. Exact up to summation order.
 """
 
 from __future__ import annotations
@@ -108,5 +113,53 @@ def global_pool_flatten(graph: Graph) -> bool:
         else:
             node.attrs["axes"] = axes
         replace(graph, [pool, flat], node)
+        changed = True
+    return changed
+
+
+def _pointwise_on_1x1(graph: Graph, conv: Node) -> bool:
+    """A Conv that is a matrix product: 1x1 spatial input, 1x1 kernel, one group, no padding, constant W."""
+    shape, w = shape_of(graph, conv.inputs[0]), const(graph, conv.inputs[1])
+    if shape is None or len(shape) != 4 or shape[2:] != (1, 1) or w is None or w.shape[2:] != (1, 1):
+        return False
+    a = conv.attrs
+    if a.get("group", 1) != 1 or any(a.get("pads", [0])) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+        return False
+    bias = conv.inputs[2] if len(conv.inputs) > 2 else ""
+    return not bias or const(graph, bias) is not None
+
+
+def global_conv_to_gemm(graph: Graph) -> bool:
+    """Replace a 1x1 Conv on a 1x1 spatial input (as after a global pooling) by Flatten + Gemm.
+
+    When the Conv's only reader flattens it to [N, M] (Flatten axis 1, or a
+    Reshape to [N, M]), the Gemm writes that reader's output; otherwise a
+    Reshape restores [N, M, 1, 1]. Exact up to summation order in the kernel.
+    """
+    changed = False
+    if not has_kernel(graph, "", "Gemm"):
+        return False
+    for conv in list(graph.nodes):
+        if not is_op(conv, "Conv") or conv not in graph.nodes or not _pointwise_on_1x1(graph, conv):
+            continue
+        n = shape_of(graph, conv.inputs[0])[0]  # type: ignore[index]
+        w = const(graph, conv.inputs[1])
+        m = w.shape[0]  # type: ignore[union-attr]
+        weights = graph.unique_name(f"{conv.name or 'conv'}_gemm_W")
+        graph.add_initializer(weights, w.reshape(m, -1))  # type: ignore[union-attr]
+        flat_in = graph.unique_name(f"{conv.name or 'conv'}_flat")
+        index = graph.nodes.index(conv)
+        graph.add_node(Node("Flatten", [conv.inputs[0]], [flat_in], {"axis": 1}, graph.unique_name("flatten"), ""), index)
+        reader = sole_consumer(graph, conv.outputs[0])
+        gemm_inputs = [flat_in, weights] + ([conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else [])
+        if reader is not None and _flattens_to_2d(graph, reader, conv.outputs[0]):
+            replace(graph, [conv, reader], Node("Gemm", gemm_inputs, reader.outputs, {"transB": 1}, conv.name, ""))
+        else:
+            mid = graph.unique_name(f"{conv.name or 'conv'}_gemm")
+            shape = graph.unique_name("shape")
+            graph.add_initializer(shape, np.array([n, m, 1, 1], dtype=np.int64))
+            replace(graph, [conv], Node("Gemm", gemm_inputs, [mid], {"transB": 1}, conv.name, ""))
+            graph.add_node(Node("Reshape", [mid, shape], conv.outputs, {}, graph.unique_name("reshape"), ""),
+                           graph.nodes.index(graph.producer(mid)) + 1)
         changed = True
     return changed

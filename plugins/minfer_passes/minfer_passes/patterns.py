@@ -296,3 +296,24 @@ def expand_fused(draw: Any) -> Any:
     algebra.weighted_sum_fusion(g)
     algebra.scalar_binary(g)
     return g
+
+
+@st.composite
+def global_conv_to_gemm(draw: Any) -> Any:
+    b = GraphBuilder()
+    n, c, h, w = draw(_nchw())
+    x = b.input((n, c, h, w))
+    pooled = b.op(draw(st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"])), x) if draw(st.integers(0, 3)) else x
+    m = draw(st.integers(1, 4))
+    k = 1 if draw(st.integers(0, 3)) else 2
+    inputs = [pooled, b.const(draw(floats_array((m, c, k, k))))]
+    if draw(st.booleans()):
+        inputs.append(b.const(draw(floats_array((m,)))))
+    y = b.op("Conv", *inputs, kernel_shape=[k, k], **({"pads": [1, 1, 0, 0]} if k == 2 else {}))
+    expose(draw, b, y)
+    tail = draw(st.sampled_from(["flatten", "reshape", "none"]))
+    if tail == "flatten":
+        y = b.op("Flatten", y, axis=1)
+    elif tail == "reshape":
+        y = b.op("Reshape", y, b.const(np.array([n, -1], dtype=np.int64)))
+    return _finish(b, y)

@@ -44,6 +44,8 @@ PASSES = [
     _pass(layout.transpose_merge, "basic", loop=True),
     _pass(layout.reshape_merge, "basic", after=("constant_folding",), loop=True),
     _pass(elimination.dead_code_elimination, "basic", after=("constant_folding", "reshape_merge", "identity_elimination")),
+    _pass(layout.global_conv_to_gemm, "all", requires=TYPED, before=("global_pool_flatten", "activation_fusion"),
+          after=("affine_fusion",), rtol=1e-5, atol=1e-6),
     _pass(layout.global_pool_flatten, "all", requires=TYPED, rtol=1e-5, atol=1e-6),
     _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
           after=("affine_fusion", "matmul_add_to_gemm")),
