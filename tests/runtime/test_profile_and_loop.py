@@ -1,0 +1,96 @@
+"""Profiling (Chrome trace), run observers, thread control and the run loop's error reporting."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from onnx import helper
+
+from modelkit import make_model, tensor
+from minfer_core import InferenceSession, KernelError, hookimpl
+from minfer_core.threads import get_blas_threads, set_blas_threads
+
+
+def two_node_model():
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Neg", ["h"], ["y"], name="neg")]
+    return make_model(nodes, [tensor("x", ["N", 3])], [tensor("y", ["N", 3])])
+
+
+def test_profile_writes_one_chrome_trace_event_per_node_and_run(tmp_path):
+    """profile() writes Chrome "X" events per node per run, with op type and output shapes, plus run events."""
+    sess = InferenceSession(two_node_model())
+    path = tmp_path / "trace.json"
+    sess.profile({"x": np.ones((2, 3), np.float32)}, str(path), repeat=2)
+    doc = json.loads(path.read_text())
+    nodes = [e for e in doc["traceEvents"] if e["cat"] == "Node"]
+    assert [e["name"] for e in nodes] == ["relu", "neg", "relu", "neg"]
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in doc["traceEvents"])
+    assert nodes[0]["args"]["op_name"] == "Relu" and nodes[0]["args"]["output_type_shape"] == [{"float32": [2, 3]}]
+    assert sum(e["name"] == "model_run" for e in doc["traceEvents"]) == 2
+
+
+class Recorder:
+    """An observer plugin: records every node it sees start and end."""
+
+    def __init__(self):
+        self.seen = []
+
+    @hookimpl
+    def register_observers(self, register):
+        register(self)
+
+    def on_node_start(self, node):
+        self.seen.append(("start", node.name))
+
+    def on_node_end(self, node, outputs):
+        self.seen.append(("end", node.name, outputs[0].shape))
+
+
+def test_registered_observers_see_every_node(minfer_plugin):
+    """Observers from the register_observers hook are called around each node, in every kind of run."""
+    rec = Recorder()
+    minfer_plugin(rec)
+    sess = InferenceSession(two_node_model())
+    for _ in range(2):  # the discovery run and a planned run
+        sess.run(None, {"x": np.ones((4, 3), np.float32)})
+    assert rec.seen == [("start", "relu"), ("end", "relu", (4, 3)), ("start", "neg"), ("end", "neg", (4, 3))] * 2
+
+
+def test_kernel_failures_name_the_node_and_shapes():
+    """A kernel that raises during a run surfaces as KernelError naming the node and input shapes."""
+    nodes = [helper.make_node("MatMul", ["a", "b"], ["y"], name="mm")]
+    model = make_model(nodes, [tensor("a", ["N", "K"]), tensor("b", ["J", 2])], [tensor("y", ["N", 2])])
+    sess = InferenceSession(model)
+    with pytest.raises(KernelError, match=r"node 'mm' \(MatMul\) failed on input shapes \[\(2, 3\), \(4, 2\)\]"):
+        sess.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((4, 2), np.float32)})
+
+
+def test_threads_apply_during_runs_only():
+    """threads= sets numpy's BLAS thread count while the engine runs and restores the caller's after."""
+    before = get_blas_threads()
+    if before is None:
+        pytest.skip("numpy's BLAS is not an OpenBLAS minfer can control")
+    seen = []
+
+    class Probe:
+        @hookimpl
+        def register_observers(self, register):
+            register(self)
+
+        def on_node_start(self, node):
+            seen.append(get_blas_threads())
+
+        def on_node_end(self, node, outputs):
+            pass
+
+    from minfer_core.plugins import use_plugins
+
+    set_blas_threads(2)
+    try:
+        with use_plugins(Probe()):
+            InferenceSession(two_node_model(), threads=1).run(None, {"x": np.ones((1, 3), np.float32)})
+        assert seen == [1, 1] and get_blas_threads() == 2
+    finally:
+        set_blas_threads(before)
