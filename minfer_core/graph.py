@@ -139,7 +139,7 @@ class Graph:
         for out in node.outputs:
             if out:
                 self._producer[out] = node
-        for name in node.inputs:
+        for name in node.inputs + implicit_inputs(node):
             if name:
                 self._consumers.setdefault(name, []).append(node)
         return node
@@ -154,7 +154,7 @@ class Graph:
         for out in node.outputs:
             if out and self._producer.get(out) is node:
                 del self._producer[out]
-        for name in node.inputs:
+        for name in node.inputs + implicit_inputs(node):
             if name:
                 self._consumers[name].remove(node)
 
@@ -179,6 +179,13 @@ class Graph:
                 if name == old:
                     self.set_input(node, i, new)
                     changed += 1
+            if old in implicit_inputs(node):
+                # a subgraph reads ``old`` from this scope: rename it there and move the use
+                self._consumers[old].remove(node)
+                for sub in _node_subgraphs(node):
+                    _rename_free(sub, old, new)
+                self._consumers.setdefault(new, []).append(node)
+                changed += 1
         if graph_outputs:
             for i, name in enumerate(self.outputs):
                 if name == old:
@@ -204,7 +211,8 @@ class Graph:
         position = {id(n): i for i, n in enumerate(self.nodes)}
         pending: dict[int, int] = {}
         for node in self.nodes:
-            deps = {id(p) for p in map(self._producer.get, node.inputs) if p is not None}
+            reads = node.inputs + implicit_inputs(node) if node.attrs else node.inputs
+            deps = {id(p) for p in map(self._producer.get, reads) if p is not None}
             pending[id(node)] = len(deps)
         ready = [(position[id(n)], n) for n in self.nodes if pending[id(n)] == 0]
         heapq.heapify(ready)
@@ -279,3 +287,48 @@ def _copy_attr(value: Any) -> Any:
     if isinstance(value, list):
         return [_copy_attr(v) for v in value]
     return value
+
+
+def free_values(graph: Graph) -> set[str]:
+    """Names ``graph``'s nodes (and nested subgraphs) read from an enclosing scope."""
+    defined = set(graph.inputs) | set(graph.initializers)
+    for node in graph.nodes:
+        defined.update(o for o in node.outputs if o)
+    read: set[str] = set()
+    for node in graph.nodes:
+        read.update(n for n in node.inputs if n)
+        for sub in _node_subgraphs(node):
+            read |= free_values(sub)
+    return read - defined
+
+
+def implicit_inputs(node: Node) -> tuple[str, ...]:
+    """Outer-scope values a node's subgraph attributes read (uses that are not in ``node.inputs``)."""
+    names: set[str] = set()
+    for sub in _node_subgraphs(node):
+        names |= free_values(sub)
+    return tuple(sorted(names - set(node.inputs)))
+
+
+def _node_subgraphs(node: Node) -> Iterator[Graph]:
+    for value in node.attrs.values():
+        if isinstance(value, Graph):
+            yield value
+        elif isinstance(value, list):
+            yield from (v for v in value if isinstance(v, Graph))
+
+
+def _rename_free(graph: Graph, old: str, new: str) -> None:
+    """Rename reads of the outer value ``old`` to ``new`` inside ``graph`` (unless shadowed)."""
+    if old in graph.inputs or old in graph.initializers or graph.producer(old) is not None:
+        return
+    for node in graph.consumers(old):
+        for i, name in enumerate(node.inputs):
+            if name == old:
+                graph.set_input(node, i, new)
+    for node in graph.nodes:
+        for sub in _node_subgraphs(node):
+            _rename_free(sub, old, new)
+    for i, name in enumerate(graph.outputs):
+        if name == old:
+            graph.outputs[i] = new

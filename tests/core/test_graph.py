@@ -113,3 +113,32 @@ def test_copy_is_independent():
     h = g.copy()
     h.remove_node(h.producer("y"))
     assert len(g.nodes) == 3 and g.producer("y") is not None
+
+
+def if_graph() -> Graph:
+    then = Graph([Node("Neg", ["a"], ["t"])], outputs=["t"], name="then")
+    other = Graph([Node("Abs", ["a"], ["e"])], outputs=["e"], name="else")
+    return Graph(
+        [Node("If", ["c"], ["y"], {"then_branch": then, "else_branch": other}, name="if"), Node("Relu", ["x"], ["a"], name="r")],
+        inputs=["x", "c"],
+        outputs=["y"],
+    )
+
+
+def test_subgraph_reads_of_outer_values_count_as_uses():
+    """A value read only inside a subgraph has the subgraph's node as consumer and is ordered before it."""
+    g = if_graph()
+    assert [n.name for n in g.consumers("a")] == ["if"]
+    assert [n.name for n in g.topological_order()] == ["r", "if"]
+    g.validate()
+
+
+def test_replace_all_uses_renames_inside_subgraphs():
+    """Replacing an outer value rewires the subgraphs that read it."""
+    g = if_graph()
+    g.replace_all_uses("a", "x")
+    then = g.producer("y").attrs["then_branch"]
+    assert then.nodes[0].inputs == ("x",)
+    assert g.consumers("a") == [] and "if" in [n.name for n in g.consumers("x")]
+    g.remove_node(g.producer("a"))
+    g.validate()
