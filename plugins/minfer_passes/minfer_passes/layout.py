@@ -17,9 +17,10 @@
   Exact for Max; for Mean the reduction order may differ (float rounding).
 - ``global_conv_to_gemm``: a Conv with constant 1x1 weights, one group and no
   padding on a [N, C, 1, 1] input (what a global pooling produces) is a
-  matrix product: ``Flatten(x) -> Gemm(W[M, C], B, transB=1)``, writing the
-  output of a following flatten-to-[N, M] directly, else reshaped back to
-  [N, M, 1, 1]. Exact up to summation order.
+  matrix product: with a following flatten-to-[N, M] as its only reader,
+  ``Conv, Flatten`` become ``Flatten(x), Gemm(W[M, C], B, transB=1)`` (and
+  ``global_pool_flatten`` then merges the pooling with that Flatten). Exact
+  up to summation order.
 """
 
 from __future__ import annotations
@@ -132,9 +133,10 @@ def _pointwise_on_1x1(graph: Graph, conv: Node) -> bool:
 def global_conv_to_gemm(graph: Graph) -> bool:
     """Replace a 1x1 Conv on a 1x1 spatial input (as after a global pooling) by Flatten + Gemm.
 
-    When the Conv's only reader flattens it to [N, M] (Flatten axis 1, or a
-    Reshape to [N, M]), the Gemm writes that reader's output; otherwise a
-    Reshape restores [N, M, 1, 1]. Exact up to summation order in the kernel.
+    Only when the Conv's only reader flattens it to [N, M] (Flatten axis 1, or
+    a Reshape to [N, M]): the Gemm then writes that reader's output. Without
+    such a reader a Reshape back to [N, M, 1, 1] would add a node for no
+    gain (the Conv kernel already runs a 1x1 conv as one matrix product).
     """
     changed = False
     if not has_kernel(graph, "", "Gemm"):
@@ -142,7 +144,9 @@ def global_conv_to_gemm(graph: Graph) -> bool:
     for conv in list(graph.nodes):
         if not is_op(conv, "Conv") or conv not in graph.nodes or not _pointwise_on_1x1(graph, conv):
             continue
-        n = shape_of(graph, conv.inputs[0])[0]  # type: ignore[index]
+        reader = sole_consumer(graph, conv.outputs[0])
+        if reader is None or not _flattens_to_2d(graph, reader, conv.outputs[0]):
+            continue
         w = const(graph, conv.inputs[1])
         m = w.shape[0]  # type: ignore[union-attr]
         weights = graph.unique_name(f"{conv.name or 'conv'}_gemm_W")
@@ -150,16 +154,7 @@ def global_conv_to_gemm(graph: Graph) -> bool:
         flat_in = graph.unique_name(f"{conv.name or 'conv'}_flat")
         index = graph.nodes.index(conv)
         graph.add_node(Node("Flatten", [conv.inputs[0]], [flat_in], {"axis": 1}, graph.unique_name("flatten"), ""), index)
-        reader = sole_consumer(graph, conv.outputs[0])
         gemm_inputs = [flat_in, weights] + ([conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else [])
-        if reader is not None and _flattens_to_2d(graph, reader, conv.outputs[0]):
-            replace(graph, [conv, reader], Node("Gemm", gemm_inputs, reader.outputs, {"transB": 1}, conv.name, ""))
-        else:
-            mid = graph.unique_name(f"{conv.name or 'conv'}_gemm")
-            shape = graph.unique_name("shape")
-            graph.add_initializer(shape, np.array([n, m, 1, 1], dtype=np.int64))
-            replace(graph, [conv], Node("Gemm", gemm_inputs, [mid], {"transB": 1}, conv.name, ""))
-            graph.add_node(Node("Reshape", [mid, shape], conv.outputs, {}, graph.unique_name("reshape"), ""),
-                           graph.nodes.index(graph.producer(mid)) + 1)
+        replace(graph, [conv, reader], Node("Gemm", gemm_inputs, reader.outputs, {"transB": 1}, conv.name, ""))
         changed = True
     return changed
