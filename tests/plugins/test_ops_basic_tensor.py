@@ -226,6 +226,32 @@ def test_transpose_matches_onnxruntime(dims, data):
     assert_matches_ort("Transpose", 13, [x], attrs)
 
 
+@st.composite
+def layout_cases(draw):
+    """A random tensor, an axis, broadcastable Expand target, Tile repeats (zeros included)."""
+    dims = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4))
+    x = np.arange(int(np.prod(dims)), dtype=np.float32).reshape(dims)
+    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    target = [d if draw(st.booleans()) else 1 for d in dims]
+    small = x[tuple(slice(0, t) for t in target)]
+    lead = draw(st.lists(st.integers(1, 3), max_size=2))
+    expand_to = lead + [d if t == 1 and draw(st.booleans()) else t for d, t in zip(dims, target)]
+    repeats = [draw(st.integers(0, 3)) for _ in dims]
+    return x, axis, small, np.array(expand_to, np.int64), np.array(repeats, np.int64)
+
+
+@SETTINGS
+@given(layout_cases())
+def test_expand_tile_concat_split_match_onnxruntime(case):
+    """Expand, Tile, Concat and Split-13 (equal parts) agree with onnxruntime on random shapes and axes."""
+    x, axis, small, expand_to, repeats = case
+    assert_matches_ort("Expand", 13, [small, expand_to])
+    assert_matches_ort("Tile", 13, [x, repeats])
+    assert_matches_ort("Concat", 13, [x, x[:1] if axis % x.ndim == 0 else x], {"axis": axis})
+    parts = next(n for n in (3, 2, 1) if x.shape[axis] % n == 0)
+    assert_matches_ort("Split", 13, [x], {"axis": axis}, num_outputs=parts)
+
+
 # --- generators ----------------------------------------------------------------------------------
 
 

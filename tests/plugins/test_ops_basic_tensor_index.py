@@ -122,6 +122,57 @@ def test_gather_nd_batch_dims_pairs_leading_dims():
     assert out.tolist() == [[X[0, 1, 2]], [X[1, 3, 4]], [X[2, 0, 0]]]
 
 
+def test_gather_elements_rejects_out_of_range_indices():
+    """GatherElements raises on an index outside [-dim, dim) instead of reading a neighbour row."""
+    with pytest.raises(IndexError):
+        call("GatherElements", 13, X[0], np.array([[5]], np.int64), axis=1)
+
+
+@st.composite
+def gather_cases(draw):
+    """A random tensor, an axis, and in-range (possibly negative) indices of a random shape."""
+    dims = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=5))
+    axis = draw(st.integers(-len(dims), len(dims) - 1))
+    n = dims[axis]
+    x = np.random.default_rng(draw(st.integers(0, 99))).standard_normal(dims).astype(np.float32)
+    idx_shape = draw(hnp.array_shapes(min_dims=0, max_dims=3, min_side=0, max_side=4))
+    idx = draw(hnp.arrays(np.int64, idx_shape, elements=st.integers(-n, n - 1)))
+    same_rank = tuple(draw(st.integers(1, d)) for d in dims)
+    idx_el = draw(hnp.arrays(np.int64, same_rank, elements=st.integers(-n, n - 1)))
+    return x, axis, idx, idx_el
+
+
+@SETTINGS
+@given(gather_cases())
+def test_gather_and_gather_elements_match_onnxruntime(case):
+    """Gather (any index shape) and GatherElements (indices smaller than data) agree with onnxruntime."""
+    x, axis, idx, idx_el = case
+    assert_matches_ort("Gather", 13, [x, idx], {"axis": axis})
+    assert_matches_ort("GatherElements", 13, [x, idx_el], {"axis": axis})
+    updates = np.ones(idx_el.shape, np.float32)
+    assert_matches_ort("ScatterElements", 18, [x, idx_el, updates], {"axis": axis, "reduction": "add"})
+
+
+@st.composite
+def gather_nd_cases(draw):
+    """A random tensor, batch_dims, and index tuples of depth k over the dims after the batch."""
+    dims = draw(hnp.array_shapes(min_dims=1, max_dims=4, min_side=1, max_side=4))
+    b = draw(st.integers(0, len(dims) - 1))
+    k = draw(st.integers(1, len(dims) - b))
+    inner = draw(hnp.array_shapes(min_dims=0, max_dims=2, min_side=1, max_side=3))
+    rng = np.random.default_rng(draw(st.integers(0, 99)))
+    cols = [rng.integers(-dims[b + j], dims[b + j], dims[:b] + inner) for j in range(k)]
+    return rng.standard_normal(dims).astype(np.float32), np.stack(cols, -1).astype(np.int64), b
+
+
+@SETTINGS
+@given(gather_nd_cases())
+def test_gather_nd_matches_onnxruntime(case):
+    """GatherND with batch_dims and negative indices agrees with onnxruntime."""
+    x, indices, b = case
+    assert_matches_ort("GatherND", 13, [x, indices], {"batch_dims": b})
+
+
 @pytest.mark.parametrize("reduction", ["none", "add", "mul", "max", "min"])
 def test_scatter_elements_reductions_match_onnxruntime(reduction):
     """ScatterElements-18 reductions combine duplicate indices like onnxruntime."""
