@@ -40,22 +40,19 @@ def pack(w: np.ndarray, group: int, build_time: bool = False) -> Packed:
     return Packed(group, m, kernel, matrix, depthwise, wino)
 
 
-Plan = Callable[[np.ndarray, Packed], np.ndarray]
+Plan = Callable[[np.ndarray, Packed, np.ndarray], None]
+"""A conv method for one input geometry: writes conv(x) into y, a fresh (N, M, *out) array."""
 
 
-def _gemm(p: Packed, cols: np.ndarray, out_shape: tuple[int, ...]) -> np.ndarray:
-    """W @ cols for each image (and group), written straight into the NCHW output.
+def _gemm_into(p: Packed, cols: np.ndarray, dst: np.ndarray) -> None:
+    """W @ cols for one image, per group: (G, Mg, K) @ (G, K, P) into dst (G, Mg, P).
 
-    Plain 2-D matmuls per image: numpy's stacked matmul can miss the BLAS fast path.
+    Plain 2-D matmuls when there is one group: numpy's stacked matmul can miss the BLAS fast path.
     """
-    n = cols.shape[0]
-    y = np.empty((n, p.group, p.matrix.shape[1], cols.shape[-1]), dtype=np.result_type(cols, p.matrix))
-    for i in range(n):
-        if p.group == 1:
-            np.matmul(p.matrix[0], cols[i], out=y[i, 0])
-        else:
-            np.matmul(p.matrix, cols[i], out=y[i])
-    return y.reshape((n, p.out_channels) + out_shape)
+    if p.group == 1:
+        np.matmul(p.matrix[0], cols[0], out=dst[0])
+    else:
+        np.matmul(p.matrix, cols, out=dst)
 
 
 def _pointwise(w: geo.Window) -> Plan:
@@ -64,25 +61,40 @@ def _pointwise(w: geo.Window) -> Plan:
     strided = any(s > 1 for s in w.strides)
     size = int(np.prod(w.out_shape))
 
-    def run(x: np.ndarray, p: Packed) -> np.ndarray:
+    def run(x: np.ndarray, p: Packed, y: np.ndarray) -> None:
         xs = x[sub] if strided else x
         cols = xs.reshape(x.shape[0], p.group, -1, size)
-        return _gemm(p, cols, w.out_shape)
+        yg = y.reshape(x.shape[0], p.group, -1, size)
+        for i in range(x.shape[0]):
+            _gemm_into(p, cols[i], yg[i])
 
     return run
 
 
+# im2col is copied in slabs of output rows of about this many bytes: a slab stays in
+# cache between its copy and its GEMM, where a whole 224x224 im2col would not
+CHUNK_BYTES = 2 << 20
+
+
 def _im2col(w: geo.Window) -> Plan:
-    """General conv: strided im2col view of the padded input, copied once, then one GEMM.
+    """General conv: strided im2col view of the padded input, copied slab by slab, one GEMM per slab.
 
-    W[M, C*k] @ cols[C*k, H*W] yields NCHW directly, so no transpose follows.
+    W[M, C*k] @ cols[C*k, rows*W] lands directly in the NCHW output's row range: no transpose.
     """
-    size = int(np.prod(w.out_shape))
+    rows = w.out_shape[0]
+    row_len = int(np.prod(w.out_shape[1:]))
+    rest = (slice(None),) * (len(w.out_shape) - 1)
 
-    def run(x: np.ndarray, p: Packed) -> np.ndarray:
+    def run(x: np.ndarray, p: Packed, y: np.ndarray) -> None:
         view = geo.im2col_view(geo.pad(x, w), w)
-        cols = view.reshape(x.shape[0], p.group, -1, size)  # the one im2col copy
-        return _gemm(p, cols, w.out_shape)
+        g, mg, k = p.matrix.shape
+        yg = y.reshape(x.shape[0], g, mg, rows * row_len)
+        step = max(1, CHUNK_BYTES // (g * k * row_len * x.itemsize))
+        for i in range(x.shape[0]):
+            for r0 in range(0, rows, step):
+                r1 = min(rows, r0 + step)
+                cols = view[i][(Ellipsis, slice(r0, r1)) + rest].reshape(g, k, (r1 - r0) * row_len)
+                _gemm_into(p, cols, yg[i, :, :, r0 * row_len : r1 * row_len])
 
     return run
 
@@ -90,16 +102,19 @@ def _im2col(w: geo.Window) -> Plan:
 def _depthwise(w: geo.Window) -> Plan:
     """group == C == M: a weighted sum of the kernel's strided taps, no GEMM."""
 
-    def run(x: np.ndarray, p: Packed) -> np.ndarray:
+    def run(x: np.ndarray, p: Packed, y: np.ndarray) -> None:
         xp = geo.pad(x, w)
-        n, c = x.shape[:2]
-        out = np.zeros((n, c) + w.out_shape, dtype=x.dtype)
-        tmp = np.empty_like(out)
+        c = x.shape[1]
+        tmp = np.empty_like(y)
         bcast = (c,) + (1,) * len(w.out_shape)
         for t, taps in enumerate(w.taps()):
-            np.multiply(xp[(slice(None), slice(None)) + taps], p.depthwise[:, t].reshape(bcast), out=tmp)
-            out += tmp
-        return out
+            tap = xp[(slice(None), slice(None)) + taps]
+            weight = p.depthwise[:, t].reshape(bcast)
+            if t == 0:
+                np.multiply(tap, weight, out=y)
+            else:
+                np.multiply(tap, weight, out=tmp)
+                y += tmp
 
     return run
 
@@ -115,22 +130,23 @@ def plan_for(w: geo.Window, p: Packed, channels: int) -> Plan:
     return _im2col(w)
 
 
-@kernel("Conv", since=1, prepare=True)
+@kernel("Conv", since=1, prepare=True, out=True, views=False)
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22: N-D grouped convolution; weights pre-packed, method chosen per input shape."""
     consts = ctx.constants
     fixed = pack(consts[1], group, build_time=True) if len(consts) > 1 and consts[1] is not None else None
-    plans: dict[tuple[int, ...], Plan] = {}
+    plans: dict[tuple[int, ...], tuple[Plan, tuple[int, ...]]] = {}
 
-    def run(x, w, b=None):
+    def run(x, w, b=None, *, out=None):
         p = fixed if fixed is not None else pack(w, group)
         key = x.shape[1:]
-        plan = plans.get(key)
-        if plan is None:
+        if key not in plans:
             win = geo.window(x.shape[2:], p.kernel, strides=strides, dilations=dilations, pads=pads, auto_pad=auto_pad,
                              clamp_same=True)
-            plan = plans[key] = plan_for(win, p, x.shape[1])
-        y = plan(x, p)
+            plans[key] = (plan_for(win, p, x.shape[1]), win.out_shape)
+        plan, out_shape = plans[key]
+        y = out if out is not None else np.empty((x.shape[0], p.out_channels) + out_shape, dtype=x.dtype)
+        plan(x, p, y)
         if b is not None:
             y += b.reshape((-1,) + (1,) * (y.ndim - 2)).astype(y.dtype, copy=False)
         return y

@@ -27,7 +27,7 @@ def _batch_norm(ctx, epsilon: float, spatial: int = 1):
     folded = _affine(*consts, epsilon) if len(consts) == 4 and all(c is not None for c in consts) else None
     cache: dict = {}
 
-    def run(x, scale, bias, mean, var):
+    def run(x, scale, bias, mean, var, *, out=None):
         key = (x.ndim, x.dtype)
         if folded is None:
             a, b = _affine(scale, bias, mean, var, epsilon)
@@ -36,7 +36,7 @@ def _batch_norm(ctx, epsilon: float, spatial: int = 1):
             if key not in cache:
                 cache[key] = tuple(_channel_param(v, x.ndim, spatial).astype(x.dtype) for v in folded)
             a, b = cache[key]
-        y = x * a
+        y = np.multiply(x, a, out=out)  # out may be x itself: elementwise, so safe
         y += b
         extra = (mean, var, mean, var)[: ctx.num_outputs - 1]
         return (y, *extra) if extra else y
@@ -44,25 +44,25 @@ def _batch_norm(ctx, epsilon: float, spatial: int = 1):
     return run
 
 
-@kernel("BatchNormalization", since=1, prepare=True)
+@kernel("BatchNormalization", since=1, prepare=True, out=True, inplace=(0,), views=False)
 def batch_norm_1(ctx, *, consumed_inputs, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1):
     """BatchNormalization-1: inference with running statistics (is_test ignored)."""
     return _batch_norm(ctx, epsilon, spatial)
 
 
-@kernel("BatchNormalization", since=6, prepare=True)
+@kernel("BatchNormalization", since=6, prepare=True, out=True, inplace=(0,), views=False)
 def batch_norm_6(ctx, *, epsilon=1e-5, is_test=0, momentum=0.9, spatial=1):
     """BatchNormalization-6: inference with running statistics (is_test ignored)."""
     return _batch_norm(ctx, epsilon, spatial)
 
 
-@kernel("BatchNormalization", since=7, prepare=True)
+@kernel("BatchNormalization", since=7, prepare=True, out=True, inplace=(0,), views=False)
 def batch_norm_7(ctx, *, epsilon=1e-5, momentum=0.9, spatial=1):
     """BatchNormalization-7: inference with running statistics."""
     return _batch_norm(ctx, epsilon, spatial)
 
 
-@kernel("BatchNormalization", since=9, prepare=True)
+@kernel("BatchNormalization", since=9, prepare=True, out=True, inplace=(0,), views=False)
 def batch_norm_9(ctx, *, epsilon=1e-5, momentum=0.9):
     """BatchNormalization-9: per-channel inference normalization."""
     return _batch_norm(ctx, epsilon)
@@ -71,12 +71,15 @@ def batch_norm_9(ctx, *, epsilon=1e-5, momentum=0.9):
 def _batch_norm_training(ctx, epsilon: float, momentum: float):
     """Normalize with the batch's own statistics and return the updated running ones."""
 
-    def run(x, scale, bias, mean, var):
+    def run(x, scale, bias, mean, var, *, out=None):
         axes = (0,) + tuple(range(2, x.ndim))
         batch_mean = x.mean(axis=axes, dtype=np.float64)
         batch_var = x.var(axis=axes, dtype=np.float64)
         a, b = (_channel_param(v, x.ndim, 1) for v in _affine(scale, bias, batch_mean, batch_var, epsilon))
         y = (x * a + b).astype(x.dtype)
+        if out is not None and ctx.num_outputs <= 1:
+            np.copyto(out, y)
+            y = out
         running_mean = (mean * momentum + batch_mean * (1 - momentum)).astype(mean.dtype)
         running_var = (var * momentum + batch_var * (1 - momentum)).astype(var.dtype)
         return (y, running_mean, running_var)[: max(ctx.num_outputs, 1)] if ctx.num_outputs > 1 else y
@@ -84,7 +87,7 @@ def _batch_norm_training(ctx, epsilon: float, momentum: float):
     return run
 
 
-@kernel("BatchNormalization", since=14, prepare=True)
+@kernel("BatchNormalization", since=14, prepare=True, out=True, inplace=(0,), views=False)
 def batch_norm_14(ctx, *, epsilon=1e-5, momentum=0.9, training_mode=0):
     """BatchNormalization-14/15: running statistics, or batch statistics when training_mode=1."""
     if training_mode:
