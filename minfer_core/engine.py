@@ -234,7 +234,7 @@ class Engine:
         types = self._types.get(sig)
         if types is None:
             graph = self.graph
-            inputs = {n: TensorType(np.dtype(dt), shape) for n, (shape, dt) in zip(graph.inputs, sig)}
+            inputs = {n: TensorType(dt, shape) for n, (shape, dt) in zip(graph.inputs, sig)}
             types, self.runtime_inference_failures = infer_runtime(graph, self.registry, self.step_nodes, inputs)
             self._types[sig] = types
         return types
@@ -276,7 +276,7 @@ class Engine:
                 value = np.asarray(value)
             _check_feed(name, value, graph.types.get(name), bound)
             vals[self.slots[name]] = value
-            sig.append((value.shape, value.dtype.str))
+            sig.append((value.shape, value.dtype))
         return tuple(sig)
 
     # ---- introspection -----------------------------------------------------
@@ -342,8 +342,8 @@ def _opset(graph: Graph, node: Node) -> int:
     return graph.opsets.get(node.domain, 1)
 
 
-Signature = tuple[tuple[tuple[int, ...], str], ...]
-"""Per graph input, its (shape, dtype string): the key of the shape and plan caches."""
+Signature = tuple[tuple[tuple[int, ...], np.dtype], ...]
+"""Per graph input, its (shape, dtype): the key of the shape and plan caches."""
 
 
 def _check_feed(name: str, value: np.ndarray, declared: TensorType | None, bound: dict[str, tuple[str, int]]) -> None:

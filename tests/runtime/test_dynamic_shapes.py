@@ -104,7 +104,7 @@ def test_shape_inference_runs_once_per_signature(monkeypatch):
     plans, loops = {}, {}
     for i, shape in enumerate(shapes):
         sess.run(None, {"x": _x(shape, i)})
-        sig = ((shape, "<f4"),)
+        sig = ((shape, np.dtype(np.float32)),)
         assert sess._plans.setdefault(sig, sess._plans[sig]) is plans.setdefault(sig, sess._plans[sig])  # not re-planned
         if i >= 2:  # once both shapes are planned the arena stops growing: loops are reused as they are
             assert sess._bound[sig] is loops.setdefault(sig, sess._bound[sig])
