@@ -255,6 +255,8 @@ def test_clip_forms():
     np.testing.assert_array_equal(call("Clip", 13, x, None, np.array(0.5, np.float32)), [-5, -1, 0, 0.5, 0.5])
     # min > max gives max everywhere
     np.testing.assert_array_equal(call("Clip", 13, x, np.array(2, np.float32), np.array(1, np.float32)), [1] * 5)
+    scalar = call("Clip", 13, np.array(5.0, np.float32), np.array(-1.0, np.float32), np.array(1.0, np.float32))
+    assert type(scalar) is np.ndarray and scalar.shape == () and scalar == 1
     i8 = np.array([-128, 0, 127], dtype=np.int8)
     out = call("Clip", 13, i8, np.array(-3, np.int8))
     assert out.dtype == np.int8
@@ -390,3 +392,103 @@ def test_bitcast_reinterprets_bytes_without_copying():
     out = call("BitCast", 26, x, to=TensorProto.INT32)
     np.testing.assert_array_equal(out, [0x3F800000, -(2**31)])
     assert np.shares_memory(out, x)
+
+
+# --- memory-planner declarations (out= / inplace) ----------------------------------
+
+OUT_CASES = [
+    ("Add", 14, [X, X[0, :1]], {}),
+    ("Div", 14, [np.array([7, -7, 9], np.int32), np.array([2, 2, -4], np.int32)], {}),
+    ("Pow", 15, [np.abs(X), X], {}),
+    ("Less", 13, [X, X[:, :1]], {}),
+    ("And", 7, [X > 0, X < 0.5], {}),
+    ("BitwiseAnd", 18, [np.arange(6, dtype=np.int16), np.int16(3) * np.ones(6, np.int16)], {}),
+    ("Relu", 14, [X], {}),
+    ("Sigmoid", 13, [X], {}),
+    ("Sigmoid", 6, [np.array(-0.3, np.float32)], {}),
+    ("Add", 7, [np.array(1.5, np.float32), np.array(2.0, np.float32)], {}),
+    ("Exp", 13, [X], {}),
+    ("Clip", 13, [X, np.array(-0.5, np.float32), np.array(0.5, np.float32)], {}),
+    ("Clip", 6, [X], {"min": 0.0}),
+    ("LeakyRelu", 16, [X], {"alpha": 0.1}),
+    ("Softmax", 13, [X], {"axis": 1}),
+    ("Softmax", 11, [X], {"axis": 1}),
+    ("LogSoftmax", 13, [X], {}),
+    ("Hardmax", 11, [X], {}),
+    ("MatMul", 13, [X, X.transpose(0, 2, 1)], {}),
+    ("MatMul", 13, [X.astype(np.float16), X.astype(np.float16).transpose(0, 2, 1)], {}),
+    ("Cast", 21, [X], {"to": TensorProto.INT32}),
+    ("Cast", 21, [X], {"to": TensorProto.BFLOAT16}),
+]
+
+
+def _kernel(op_type, opset):
+    return max((k for k in KERNELS if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
+
+
+@pytest.mark.parametrize(("op", "opset", "inputs", "attrs"), OUT_CASES, ids=[f"{c[0]}-{c[1]}" for c in OUT_CASES])
+def test_out_kernels_write_into_the_planned_buffer(op, opset, inputs, attrs):
+    """A kernel declaring out=True returns the very buffer it was given, holding the usual result."""
+    k = _kernel(op, opset)
+    assert k.out, f"{op}-{opset} should declare out=True"
+    want = k.fn(*inputs, **attrs)
+    buf = np.full(want.shape, 7, dtype=want.dtype)
+    got = k.fn(*inputs, **attrs, out=buf)
+    assert got is buf
+    np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
+
+
+@pytest.mark.parametrize(("op", "opset", "inputs", "attrs"), OUT_CASES, ids=[f"{c[0]}-{c[1]}" for c in OUT_CASES])
+def test_inplace_kernels_may_overwrite_their_input(op, opset, inputs, attrs):
+    """When out is the declared in-place input itself, the result is still right."""
+    k = _kernel(op, opset)
+    want = k.fn(*inputs, **attrs)
+    for i in k.inplace:
+        if inputs[i].shape != want.shape or inputs[i].dtype != want.dtype:
+            continue
+        args = [x.copy() for x in inputs]
+        got = k.fn(*args, **attrs, out=args[i])
+        assert got is args[i]
+        np.testing.assert_array_equal(got, want)
+
+
+def test_gemm_writes_into_the_planned_buffer():
+    """The prepared Gemm callable accepts out= with a constant or a runtime B."""
+    a = RNG.standard_normal((4, 3)).astype(np.float32)
+    b = RNG.standard_normal((3, 5)).astype(np.float32)
+    c = RNG.standard_normal((5,)).astype(np.float32)
+    want = 1.5 * a @ b + 0.5 * c
+    for consts in ((None, None, None), (None, b, c)):
+        ctx = KernelContext("g", "Gemm", 13, (None,) * 3, (None,), consts, 1)
+        run = linalg.gemm.fn(ctx, alpha=1.5, beta=0.5)
+        buf = np.empty((4, 5), np.float32)
+        assert run(a, b, c, out=buf) is buf
+        np.testing.assert_allclose(buf, want, rtol=1e-5)
+
+
+def test_engine_runs_a_chain_of_planned_kernels_like_onnxruntime():
+    """Through the engine (memory plan, buffer reuse, in-place) a MatMul-Add-Relu-Softmax chain matches onnxruntime."""
+    from minfer_core import InferenceSession
+
+    w = helper.make_tensor("w", TensorProto.FLOAT, (4, 6), RNG.standard_normal(24).astype(np.float32))
+    bias = helper.make_tensor("b", TensorProto.FLOAT, (6,), RNG.standard_normal(6).astype(np.float32))
+    nodes = [
+        helper.make_node("MatMul", ["x", "w"], ["h"]),
+        helper.make_node("Add", ["h", "b"], ["h2"]),
+        helper.make_node("Relu", ["h2"], ["h3"]),
+        helper.make_node("Sigmoid", ["h3"], ["h4"]),
+        helper.make_node("Mul", ["h4", "h3"], ["h5"]),
+        helper.make_node("Softmax", ["h5"], ["y"], axis=-1),
+    ]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, (2, 3, 4))],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, bias],
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    x = RNG.standard_normal((2, 3, 4)).astype(np.float32)
+    sess = InferenceSession(model)
+    for _ in range(2):  # the second run reuses the planned buffers
+        got = sess.run(None, {"x": x})[0]
+        want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -9,7 +9,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, as_float, declare, erf, scalar, unary_kernels
+from .elementwise import arr, as_float, declare, erf, into, is_exotic, on_1d, scalar, unary_kernels
 
 F32_MAX = 3.4028234663852886e38
 
@@ -17,18 +17,24 @@ F32_MAX = 3.4028234663852886e38
 def _apply(x: np.ndarray, fn: Callable[[np.ndarray], Any]) -> np.ndarray:
     """fn on x in a dtype numpy computes well, returned in x's dtype."""
     with np.errstate(all="ignore"):  # overflow to inf inside exp is expected and harmless
-        return arr(fn(as_float(x)), x.dtype)
+        return arr(on_1d(fn, as_float(x)), x.dtype)
 
 
-def sigmoid(x: np.ndarray) -> np.ndarray:
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Logistic function without overflow: exp only ever sees -|x|; e/(1+e) keeps negatives accurate."""
-    e = np.abs(x)
+    e = np.abs(x, out=np.empty(x.shape, x.dtype))  # a real array even when x is 0-d
     np.negative(e, out=e)
     np.exp(e, out=e)
-    out = np.where(x >= 0, np.ones((), dtype=e.dtype), e)
+    num = np.where(x >= 0, np.ones((), dtype=e.dtype), e)  # read all of x before out (maybe x) is written
     e += 1
-    out /= e
-    return out
+    return np.divide(num, e, out=out)
+
+
+def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    return np.maximum(x, np.zeros((), dtype=x.dtype), out=out)
+
+
+sigmoid.writes_out = _relu.writes_out = True  # type: ignore[attr-defined]
 
 
 def _softplus(x: np.ndarray) -> np.ndarray:
@@ -47,7 +53,7 @@ def _mish(x: np.ndarray) -> np.ndarray:
 
 
 KERNELS: list = []
-KERNELS += unary_kernels("Relu", lambda x: np.maximum(x, np.zeros((), dtype=x.dtype)), 1, legacy=True, name="max(x, 0)")
+KERNELS += unary_kernels("Relu", _relu, 1, legacy=True, name="max(x, 0)")
 KERNELS += unary_kernels("Sigmoid", sigmoid, 1, legacy=True, name="1 / (1 + exp(-x))")
 KERNELS += unary_kernels("Tanh", np.tanh, 1, legacy=True, name="tanh")
 KERNELS += unary_kernels("Softplus", _softplus, 1, name="log(1 + exp(x))")
@@ -108,16 +114,18 @@ def celu(x, *, alpha=1.0):
     return _apply(x, fn)
 
 
-def _leaky_relu(x: np.ndarray, alpha: float) -> np.ndarray:
+def _leaky_relu(x: np.ndarray, alpha: float, out: np.ndarray | None = None) -> np.ndarray:
     # max(x, alpha*x) picks x for x >= 0 when alpha <= 1; min does when alpha > 1
     pick = np.maximum if alpha <= 1 else np.minimum
-    return _apply(x, lambda v: pick(v, v * scalar(alpha, v)))
+    if out is None or is_exotic(x.dtype):
+        return into(out, _apply(x, lambda v: pick(v, v * scalar(alpha, v))))
+    return pick(x, x * scalar(alpha, x), out=out)
 
 
-@kernel("LeakyRelu", since=6)
-def leaky_relu(x, *, alpha=0.01):
+@kernel("LeakyRelu", since=6, out=True, inplace=(0,))
+def leaky_relu(x, *, alpha=0.01, out=None):
     """LeakyRelu-6: x if x >= 0 else alpha * x."""
-    return _leaky_relu(x, alpha)
+    return _leaky_relu(x, alpha, out)
 
 
 @kernel("LeakyRelu", since=1)
@@ -201,27 +209,30 @@ def gelu(x, *, approximate="none"):
 # --- Clip --------------------------------------------------------------------
 
 
-def _clip(x: np.ndarray, lo: Any, hi: Any) -> np.ndarray:
+def _clip(x: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None = None) -> np.ndarray:
     """max then min, so lo > hi yields hi everywhere, as ONNX specifies."""
-    v = as_float(x)
+    if is_exotic(x.dtype):
+        return into(out, arr(_clip(as_float(x), lo, hi), x.dtype))
+    v = x
     with np.errstate(all="ignore"):  # float16 turns the default FLT_MAX bounds into inf
         if lo is not None:
-            v = np.maximum(v, np.asarray(lo).astype(v.dtype))
+            v = np.maximum(v, np.asarray(lo).astype(x.dtype), out=out)
         if hi is not None:
-            v = np.minimum(v, np.asarray(hi).astype(v.dtype))
-    return arr(v, x.dtype)
+            reuse = out if v is x else v  # a 0-d max comes back as a numpy scalar: not reusable
+            v = np.minimum(v, np.asarray(hi).astype(x.dtype), out=reuse if isinstance(reuse, np.ndarray) else None)
+    return into(out, v) if v is x else arr(v)
 
 
-@kernel("Clip", since=11)
-def clip(x, lo=None, hi=None):
+@kernel("Clip", since=11, out=True, inplace=(0,))
+def clip(x, lo=None, hi=None, *, out=None):
     """Clip-11: bounds come as optional 0-d inputs."""
-    return _clip(x, lo, hi)
+    return _clip(x, lo, hi, out)
 
 
-@kernel("Clip", since=6)
-def clip_6(x, *, max=F32_MAX, min=-F32_MAX):  # noqa: A002 - ONNX attribute names
+@kernel("Clip", since=6, out=True, inplace=(0,))
+def clip_6(x, *, max=F32_MAX, min=-F32_MAX, out=None):  # noqa: A002 - ONNX attribute names
     """Clip-6: bounds are attributes defaulting to the float32 range."""
-    return _clip(x, min, max)
+    return _clip(x, min, max, out)
 
 
 @kernel("Clip", since=1)
@@ -238,68 +249,73 @@ KERNELS += [clip, clip_6, clip_1]
 # --- Softmax family ----------------------------------------------------------
 
 
-def _exp_shifted(v: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """x - max(x) along axis, and its exp; a row of all -inf gives nan, as in onnxruntime."""
-    shifted = v - np.max(v, axis=axis, keepdims=True)
-    return shifted, np.exp(shifted)
+# Each takes an optional ``out`` (which may be v itself): the row maxima are taken
+# before anything is written. A row of all -inf gives nan, as in onnxruntime.
 
 
-def softmax(v: np.ndarray, axis: int) -> np.ndarray:
+def softmax(v: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
     """Softmax of v along one axis, in v's dtype."""
-    _, e = _exp_shifted(v, axis)
-    return e / np.sum(e, axis=axis, keepdims=True)
+    e = np.subtract(v, np.max(v, axis=axis, keepdims=True), out=out)
+    np.exp(e, out=e)
+    e /= np.sum(e, axis=axis, keepdims=True)
+    return e
 
 
-def log_softmax(v: np.ndarray, axis: int) -> np.ndarray:
+def log_softmax(v: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
     """LogSoftmax of v along one axis, in v's dtype."""
-    shifted, e = _exp_shifted(v, axis)
-    return shifted - np.log(np.sum(e, axis=axis, keepdims=True))
+    shifted = np.subtract(v, np.max(v, axis=axis, keepdims=True), out=out)
+    shifted -= np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+    return shifted
 
 
-def hardmax(v: np.ndarray, axis: int) -> np.ndarray:
+def hardmax(v: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
     """One-hot of the first maximum along axis."""
     idx = np.expand_dims(np.argmax(v, axis=axis), axis)
-    out = np.zeros(v.shape, dtype=v.dtype)
-    np.put_along_axis(out, idx, 1, axis=axis)
-    return out
+    hot = np.zeros(v.shape, dtype=v.dtype)
+    np.put_along_axis(hot, idx, 1, axis=axis)
+    return into(out, hot)
 
 
-def _per_axis(fn: Callable[[np.ndarray, int], np.ndarray]) -> Callable[..., np.ndarray]:
-    def run(x: np.ndarray, axis: int) -> np.ndarray:
+def _per_axis(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    def run(x: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
         if x.size == 0:
-            return x.copy()
+            return into(out, x.copy())
         # Half types compute natively (numpy accumulates float16 sums in float32 anyway):
         # that is the per-op T arithmetic the conformance data was produced with.
         with np.errstate(all="ignore"):
-            return arr(fn(x, axis), x.dtype)
+            return arr(fn(x, axis, out), x.dtype)
 
     return run
 
 
-def _flattened(fn: Callable[[np.ndarray, int], np.ndarray]) -> Callable[..., np.ndarray]:
+def _flattened(fn: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
     """The opset<13 rule: coerce x to 2-D [prod(shape[:axis]), prod(shape[axis:])], apply on dim 1."""
     per_axis = _per_axis(fn)
 
-    def run(x: np.ndarray, axis: int) -> np.ndarray:
+    def run(x: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
         axis = axis % x.ndim if x.ndim else 0
         outer = math.prod(x.shape[:axis])
-        return per_axis(x.reshape(outer, -1), 1).reshape(x.shape)
+        if out is None:
+            return per_axis(x.reshape(outer, -1), 1).reshape(x.shape)
+        per_axis(x.reshape(outer, -1), 1, out.reshape(outer, -1))  # planned buffers are contiguous: a view
+        return out
 
     return run
 
 
-def _softmax_kernels(op_type: str, fn: Callable[[np.ndarray, int], np.ndarray]) -> list:
+def _softmax_kernels(op_type: str, fn: Callable[..., np.ndarray]) -> list:
     per_axis, flattened = _per_axis(fn), _flattened(fn)
 
-    def v13(x, *, axis=-1):
-        return per_axis(x, axis)
+    def v13(x, *, axis=-1, out=None):
+        return per_axis(x, axis, out)
 
-    def v1(x, *, axis=1):
-        return flattened(x, axis)
+    def v1(x, *, axis=1, out=None):
+        return flattened(x, axis, out)
 
+    kw: dict[str, Any] = {"out": True, "inplace": (0,)}
     return [
-        declare(op_type, 13, v13, "along one axis (default the last)."),
-        declare(op_type, 1, v1, "over the 2-D coercion of x at axis (default 1), as before opset 13."),
+        declare(op_type, 13, v13, "along one axis (default the last).", **kw),
+        declare(op_type, 1, v1, "over the 2-D coercion of x at axis (default 1), as before opset 13.", **kw),
     ]
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import minfer_core
 from minfer_core import kernel
 
-from .elementwise import arr, is_exotic
+from .elementwise import arr, into, is_exotic
 
 
 def _target(to: Any) -> np.dtype:
@@ -69,22 +69,30 @@ def cast(x: np.ndarray, dtype: np.dtype, saturate: int = 1, round_mode: str = "u
         return arr(x.astype(dtype), dtype)
 
 
-@kernel("Cast", since=24)
-def cast_24(x, *, to, round_mode="up", saturate=1):
+def _cast_into(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
+    """Cast into the planned buffer: a single converting copy for numpy's own types."""
+    if out is not None and not is_exotic(x.dtype) and not is_exotic(dtype):
+        np.copyto(out, x, casting="unsafe")
+        return out
+    return into(out, cast(x, dtype, saturate, round_mode))
+
+
+@kernel("Cast", since=24, out=True)
+def cast_24(x, *, to, round_mode="up", saturate=1, out=None):
     """Cast-24: adds round_mode for float8e8m0 targets."""
-    return cast(x, _target(to), saturate, round_mode)
+    return _cast_into(x, _target(to), out, saturate, round_mode)
 
 
-@kernel("Cast", since=19)
-def cast_19(x, *, to, saturate=1):
+@kernel("Cast", since=19, out=True)
+def cast_19(x, *, to, saturate=1, out=None):
     """Cast-19: saturate clamps out-of-range values into float8 targets."""
-    return cast(x, _target(to), saturate)
+    return _cast_into(x, _target(to), out, saturate)
 
 
-@kernel("Cast", since=1)
-def cast_1(x, *, to):
+@kernel("Cast", since=1, out=True)
+def cast_1(x, *, to, out=None):
     """Cast-1: to is a TensorProto type (a type name string in opset 1)."""
-    return cast(x, _target(to))
+    return _cast_into(x, _target(to), out)
 
 
 @kernel("CastLike", since=24)

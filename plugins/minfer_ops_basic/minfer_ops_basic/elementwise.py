@@ -46,27 +46,63 @@ def float_op(fn: Fn) -> Fn:
 
     def run(x: np.ndarray, *args: Any) -> np.ndarray:
         with np.errstate(all="ignore"):  # inf/nan results are legitimate ONNX outputs
-            return arr(fn(as_float(x), *args), x.dtype)
+            return arr(on_1d(fn, as_float(x), *args), x.dtype)
 
     return run
 
 
-def declare(op_type: str, since: int, fn: Fn, doc: str) -> Any:
+def on_1d(fn: Fn, x: np.ndarray, *args: Any) -> Any:
+    """fn(x) for a 0-d x computed on a 1-element view: ufuncs turn 0-d results into
+    numpy scalars, which in-place steps (out=) cannot write to."""
+    if x.ndim:
+        return fn(x, *args)
+    return np.asarray(fn(x.reshape(1), *args)).reshape(())
+
+
+def into(out: np.ndarray | None, value: Any) -> np.ndarray:
+    """value in the engine's planned buffer when it passed one (kernel contract: out=), else as an array."""
+    if out is None:
+        return arr(value)
+    np.copyto(out, value, casting="unsafe")
+    return out
+
+
+def declare(op_type: str, since: int, fn: Fn, doc: str, *, out: bool = False, inplace: tuple[int, ...] = ()) -> Any:
     """Declare a factory-made kernel, named after its op and version for tracebacks."""
     fn.__name__ = fn.__qualname__ = f"{op_type}_{since}"
     fn.__doc__ = f"{op_type}-{since}: {doc}"
-    return kernel(op_type, since=since)(fn)
+    return kernel(op_type, since=since, out=out, inplace=inplace)(fn)
+
+
+def writes_out(fn: Fn) -> bool:
+    """Whether fn(x, out=...) computes straight into a buffer: numpy ufuncs, or helpers marked so."""
+    return isinstance(fn, np.ufunc) or getattr(fn, "writes_out", False)
 
 
 def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: str = "") -> list:
-    """Kernels for a unary op; ``legacy`` adds the opset-1 form with ``consumed_inputs``."""
+    """Kernels for a unary op; ``legacy`` adds the opset-1 form with ``consumed_inputs``.
+
+    When fn can write into a buffer, the modern kernel declares out=/inplace so
+    the memory planner can hand it one (possibly its own input).
+    """
     run = float_op(fn)
     label = name or op_type
+    kw: dict[str, Any] = {}
+    if writes_out(fn):
+        kw = {"out": True, "inplace": (0,)}
 
-    def modern(x):
-        return run(x)
+        def modern(x, *, out=None):
+            if out is None or is_exotic(x.dtype):
+                return into(out, run(x))
+            with np.errstate(all="ignore"):
+                return fn(x, out=out)
 
-    kernels = [declare(op_type, 6 if legacy else since, modern, f"elementwise {label}.")]
+    else:
+
+        def modern(x):
+            return run(x)
+
+    kernels = [declare(op_type, 6 if legacy else since, modern, f"elementwise {label}.", **kw)]
     if legacy:
 
         def old(x, *, consumed_inputs=None):
@@ -151,6 +187,8 @@ def erf(x: np.ndarray, precise: bool | None = None) -> np.ndarray:
     """
     if precise is None:
         precise = np.asarray(x).dtype == np.float64
+    if np.ndim(x) == 0:
+        return erf(np.reshape(x, 1), precise).reshape(())
     x64 = np.asarray(x, dtype=np.float64)
     a = np.abs(x64)
     with np.errstate(invalid="ignore"):  # inf inputs make nan polynomial values that are then replaced
@@ -213,14 +251,21 @@ def legacy_broadcast(a: np.ndarray, b: np.ndarray, broadcast: int, axis: int | N
     return b.reshape(b.shape + (1,) * trailing) if trailing > 0 else b
 
 
-def binary_kernels(op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7) -> list:
-    """Kernels of a broadcasting binary op: numpy rules from ``since``, axis rules before."""
+def binary_kernels(
+    op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7, inplace: bool = True
+) -> list:
+    """Kernels of a broadcasting binary op: numpy rules from ``since``, axis rules before.
 
-    def modern(a, b):
+    ``fn(a, b, out=None)`` writes into ``out`` when given; ``inplace`` says out
+    may alias an input (false for ops whose output dtype differs).
+    """
+
+    def modern(a, b, *, out=None):
         with np.errstate(all="ignore"):
-            return arr(fn(a, b))
+            return fn(a, b, out=out) if out is not None else arr(fn(a, b))
 
-    kernels = [declare(op_type, since, modern, "elementwise with numpy broadcasting.")]
+    doc = "elementwise with numpy broadcasting."
+    kernels = [declare(op_type, since, modern, doc, out=True, inplace=(0, 1) if inplace else ())]
     if not legacy:
         return kernels
 
@@ -237,20 +282,25 @@ def binary_kernels(op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool 
     return kernels
 
 
-def divide(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def divide(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Div: true division for floats, C-style truncation toward zero for integers."""
     if a.dtype.kind not in "iu":
-        return arr(np.divide(as_float(a), as_float(b)), a.dtype)
-    q = np.floor_divide(a, b)
-    if a.dtype.kind == "i":
-        # floor and trunc differ when the division is inexact and the signs differ
-        q = q + ((np.remainder(a, b) != 0) & ((a < 0) != (b < 0)))
-    return arr(q, a.dtype)
+        return _same(np.divide)(a, b, out)
+    # floor and trunc differ when the division is inexact and the signs differ
+    fix = (np.remainder(a, b) != 0) & ((a < 0) != (b < 0)) if a.dtype.kind == "i" else None
+    q = np.floor_divide(a, b, out=out)
+    if fix is not None:
+        q += fix.astype(q.dtype)
+    return arr(q)
 
 
-def _same(fn: Fn) -> Fn:
-    def run(a, b):
-        return arr(fn(as_float(a), as_float(b)), a.dtype)
+def _same(ufunc: Any) -> Fn:
+    """A same-dtype ufunc op: straight into out, or through float32 for ml_dtypes types."""
+
+    def run(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        if is_exotic(a.dtype):
+            return into(out, arr(ufunc(as_float(a), as_float(b)), a.dtype))
+        return ufunc(a, b, out=out)
 
     return run
 
@@ -261,16 +311,16 @@ KERNELS += binary_kernels("Mul", _same(np.multiply))
 KERNELS += binary_kernels("Div", divide)
 
 
-def power(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def power(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """Pow: result has X's dtype; mixed or negative-integer exponents go through float64."""
     if x.dtype == y.dtype and x.dtype.kind == "f":
-        return arr(np.power(x, y))
+        return np.power(x, y, out=out)
     if x.dtype.kind in "iu" and y.dtype.kind in "iu" and not np.any(y < 0):
-        return arr(np.power(x, y.astype(x.dtype)))
-    return arr(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype)
+        return np.power(x, y.astype(x.dtype), out=out)
+    return into(out, arr(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype))
 
 
-KERNELS += binary_kernels("Pow", power, consumed=False)
+KERNELS += binary_kernels("Pow", power, consumed=False, inplace=False)
 
 
 @kernel("Mod", since=10)

@@ -8,7 +8,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, is_exotic
+from .elementwise import arr, into, is_exotic
 
 
 def _blas(x: np.ndarray) -> np.ndarray:
@@ -18,15 +18,18 @@ def _blas(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """numpy.matmul semantics (1-D promotion, batch broadcasting) in a's dtype."""
-    return arr(np.matmul(_blas(a), _blas(b)), a.dtype)
+    wa, wb = _blas(a), _blas(b)
+    if out is not None and wa is a and wb is b:
+        return np.matmul(a, b, out=out)
+    return into(out, arr(np.matmul(wa, wb), a.dtype))
 
 
-@kernel("MatMul", since=1)
-def matmul_1(a, b):
+@kernel("MatMul", since=1, out=True)
+def matmul_1(a, b, *, out=None):
     """MatMul-1: numpy-style matrix product with batch broadcasting."""
-    return matmul(a, b)
+    return matmul(a, b, out)
 
 
 # --- Gemm --------------------------------------------------------------------
@@ -48,32 +51,36 @@ def _gemm(ctx: Any, alpha: float, beta: float, trans_a: int, trans_b: int) -> Ca
         b_const = np.ascontiguousarray(_scaled(b_const.T if trans_b else b_const, alpha))
     c_const = None if c_const is None else _scaled(_blas(c_const), beta)
 
-    def run(a, b, c=None):
+    def run(a, b, c=None, *, out=None):
         out_dtype = a.dtype
         a = _blas(a)
         if trans_a:
             a = a.T
+        # the product lands in the planned buffer when the dtypes allow; y is then ours to update
+        direct = out if out is not None and a.dtype == out_dtype else None
         if b_const is not None:
-            y = a @ b_const
+            y = np.matmul(a, b_const, out=direct)
         else:
             b = _blas(b)
-            y = _scaled(a @ (b.T if trans_b else b), alpha)
+            y = np.matmul(a, b.T if trans_b else b, out=direct)
+            if alpha != 1.0:
+                y *= np.asarray(alpha, y.dtype)
         if c_const is not None:
-            y = y + c_const
+            y += c_const
         elif c is not None and beta != 0:
-            y = y + _scaled(_blas(c), beta)
-        return arr(y, out_dtype)
+            y += _scaled(_blas(c), beta)
+        return y if y is out else into(out, arr(y, out_dtype))
 
     return run
 
 
-@kernel("Gemm", since=7, prepare=True)
+@kernel("Gemm", since=7, prepare=True, out=True)
 def gemm(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """Gemm-7: alpha * A' @ B' + beta * C, C broadcast to (M, N) and optional from 11."""
     return _gemm(ctx, alpha, beta, transA, transB)
 
 
-@kernel("Gemm", since=1, prepare=True)
+@kernel("Gemm", since=1, prepare=True, out=True)
 def gemm_1(ctx, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     """Gemm-1: as Gemm-7; numpy broadcasting of C also covers the ``broadcast`` flag."""
     return _gemm(ctx, alpha, beta, transA, transB)

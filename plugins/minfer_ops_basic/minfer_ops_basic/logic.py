@@ -11,25 +11,21 @@ from minfer_core import kernel
 from .elementwise import arr, as_float, binary_kernels
 
 
-def _compare(fn: Callable[[Any, Any], Any]) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
-    def run(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        return arr(fn(as_float(a), as_float(b)), np.bool_)
+def _compare(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
+    def run(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        return fn(as_float(a), as_float(b), out=out)
 
     return run
 
 
 KERNELS: list = []
-for _op, _fn in (
-    ("Equal", np.equal),
-    ("Greater", np.greater),
-    ("Less", np.less),
-    ("And", np.logical_and),
-    ("Or", np.logical_or),
-    ("Xor", np.logical_xor),
-):
+for _op, _fn in (("Equal", np.equal), ("Greater", np.greater), ("Less", np.less)):
+    # a bool output never fits in a numeric input's buffer: no inplace
+    KERNELS += binary_kernels(_op, _compare(_fn), consumed=False, inplace=False)
+for _op, _fn in (("And", np.logical_and), ("Or", np.logical_or), ("Xor", np.logical_xor)):
     KERNELS += binary_kernels(_op, _compare(_fn), consumed=False)
-KERNELS += binary_kernels("GreaterOrEqual", _compare(np.greater_equal), legacy=False, since=12)
-KERNELS += binary_kernels("LessOrEqual", _compare(np.less_equal), legacy=False, since=12)
+KERNELS += binary_kernels("GreaterOrEqual", _compare(np.greater_equal), legacy=False, since=12, inplace=False)
+KERNELS += binary_kernels("LessOrEqual", _compare(np.less_equal), legacy=False, since=12, inplace=False)
 KERNELS += binary_kernels("BitwiseAnd", np.bitwise_and, legacy=False, since=18)
 KERNELS += binary_kernels("BitwiseOr", np.bitwise_or, legacy=False, since=18)
 KERNELS += binary_kernels("BitwiseXor", np.bitwise_xor, legacy=False, since=18)
