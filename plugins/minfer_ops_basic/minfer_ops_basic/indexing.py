@@ -10,7 +10,8 @@ _INT64 = np.int64
 
 
 def _ints(v) -> list[int]:
-    return [int(i) for i in np.asarray(v).reshape(-1)]
+    # tolist() yields Python ints in one C call (int() per element is several times slower).
+    return [int(i) for i in np.asarray(v).reshape(-1).tolist()]
 
 
 def _axis(axis: int, rank: int) -> int:
