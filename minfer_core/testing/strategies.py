@@ -121,26 +121,32 @@ def expose(draw: Any, b: GraphBuilder, value: str) -> str:
 
 
 @st.composite
-def graphs(draw: Any, max_nodes: int = 8, opset: int = 17) -> Graph:
-    """A random valid graph of registered float elementwise ops and motifs, over one NCHW shape."""
+def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any] = (np.float32, np.float64)) -> Graph:
+    """A random valid graph of registered float elementwise ops and motifs, over one NCHW shape.
+
+    One dtype per graph, drawn from ``dtypes``; op attributes are drawn
+    within their schema's rules (`op_attributes`).
+    """
     unary, binary = _registered(opset)
+    dtype = np.dtype(draw(st.sampled_from(list(dtypes))))
     b = GraphBuilder(opset)
     shape = draw(st.tuples(st.integers(1, 2), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5)))
-    values = [b.input(shape)]
+    values = [b.input(shape, dtype)]
     if draw(st.booleans()):
-        values.append(b.input(shape))
+        values.append(b.input(shape, dtype))
     motifs = [m for m in MOTIFS if has_kernels(*m.__needs__, opset=opset)]
     for _ in range(draw(st.integers(1, max_nodes))):
         src = draw(st.sampled_from(values))
         kind = draw(st.sampled_from(["unary", "binary", "motif"]))
         if kind == "unary" and unary:
-            values.append(b.op(draw(st.sampled_from(unary)), src))
+            op_type = draw(st.sampled_from(unary))
+            values.append(b.op(op_type, src, **draw(op_attributes(op_type, opset, len(shape)))))
         elif kind == "binary" and binary:
             other = draw(st.sampled_from(values)) if draw(st.booleans()) else b.const(
-                draw(floats_array(draw(st.sampled_from([(), (1,), (shape[1], 1, 1), shape[-1:]])))))
+                draw(floats_array(draw(st.sampled_from([(), (1,), (shape[1], 1, 1), shape[-1:]])), dtype=dtype)))
             values.append(b.op(draw(st.sampled_from(binary)), src, other))
         elif motifs:
-            values.append(draw(st.sampled_from(motifs))(draw, b, src, shape))
+            values.append(draw(st.sampled_from(motifs))(draw, b, src, shape, dtype))
     b.output(values[-1])
     for v in values[1:-1]:
         if draw(st.integers(0, 3)) == 0:
@@ -148,18 +154,41 @@ def graphs(draw: Any, max_nodes: int = 8, opset: int = 17) -> Graph:
     return b.build()
 
 
-def _conv_bn(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+@st.composite
+def op_attributes(draw: Any, op_type: str, opset: int, rank: int) -> dict[str, Any]:
+    """Attributes for ``op_type`` drawn within the schema's rules: each optional attribute is
+    left at its default or set: ``axis`` within the rank, floats scaled from their default,
+    ``p`` of Lp ops in {1, 2}; attributes with other rules stay at their defaults."""
+    import onnx
+
+    schema = onnx.defs.get_schema(op_type, opset, "")
+    out: dict[str, Any] = {}
+    for name, attr in sorted(schema.attributes.items()):
+        if not draw(st.booleans()):
+            continue
+        kind = attr.type
+        default = onnx.helper.get_attribute_value(attr.default_value) if attr.default_value.name else None
+        if name == "axis" and kind == onnx.defs.OpSchema.AttrType.INT:
+            out[name] = draw(st.integers(-rank, rank - 1))
+        elif name == "p" and kind == onnx.defs.OpSchema.AttrType.INT:
+            out[name] = draw(st.sampled_from([1, 2]))
+        elif kind == onnx.defs.OpSchema.AttrType.FLOAT and isinstance(default, float) and default > 0:
+            out[name] = float(default * draw(st.sampled_from([0.5, 1.0, 2.0])))
+    return out
+
+
+def _conv_bn(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any) -> str:
     c = shape[1]
-    w = b.const(draw(floats_array((c, c, 1, 1))))
-    y = b.op("Conv", x, w, b.const(draw(floats_array((c,)))), kernel_shape=[1, 1])
-    params = [draw(floats_array((c,), lo, hi)) for lo, hi in ((0.5, 1.5), (-1, 1), (-1, 1), (0.5, 2))]
+    w = b.const(draw(floats_array((c, c, 1, 1), dtype=dtype)))
+    y = b.op("Conv", x, w, b.const(draw(floats_array((c,), dtype=dtype))), kernel_shape=[1, 1])
+    params = [draw(floats_array((c,), lo, hi, dtype)) for lo, hi in ((0.5, 1.5), (-1, 1), (-1, 1), (0.5, 2))]
     return b.op("BatchNormalization", y, *[b.const(p) for p in params])
 
 
 _conv_bn.__needs__ = ("Conv", "BatchNormalization")  # type: ignore[attr-defined]
 
 
-def _pool_same(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+def _pool_same(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any) -> str:
     return b.op("MaxPool", x, kernel_shape=[1, 1]) if draw(st.booleans()) else b.op(
         "AveragePool", x, kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1)
 
@@ -167,7 +196,7 @@ def _pool_same(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> st
 _pool_same.__needs__ = ("MaxPool", "AveragePool")  # type: ignore[attr-defined]
 
 
-def _transpose_pair(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+def _transpose_pair(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any) -> str:
     perm = draw(st.permutations(range(4)))
     inverse = list(np.argsort(perm))
     return b.op("Transpose", b.op("Transpose", x, perm=list(perm)), perm=[int(i) for i in inverse])
@@ -176,7 +205,7 @@ def _transpose_pair(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) 
 _transpose_pair.__needs__ = ("Transpose",)  # type: ignore[attr-defined]
 
 
-def _identities(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+def _identities(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any) -> str:
     op = draw(st.sampled_from(["Identity", "Dropout", "Reshape"]))
     if op == "Reshape":
         return b.op("Reshape", x, b.const(np.array(shape, dtype=np.int64)))
