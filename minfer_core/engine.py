@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -48,6 +49,9 @@ def _node_arg(name: str, t: TensorType | None) -> NodeArg:
     return NodeArg(name, f"tensor({type_name})", list(t.shape) if t.shape is not None else [], t.dtype)
 
 
+MAX_PLANS = 64  # input-shape signatures whose plans stay cached
+
+
 class Engine:
     """A built model: prepared kernels in execution order, run through a per-shape memory plan.
 
@@ -59,6 +63,8 @@ class Engine:
     `Plan`: kernels that accept ``out=`` write into planned views of one
     shared arena, so repeated runs allocate no activation buffers. Arrays
     returned by `run` never live in the arena, so no later run overwrites them.
+    Runs from several threads are safe: one at a time uses the arena, the
+    others run with fresh memory rather than wait.
     """
 
     def __init__(
@@ -122,6 +128,7 @@ class Engine:
         self._types: dict[Signature, dict[str, TensorType]] = {}
         self._bound: dict[Signature, list[Step]] = {}
         self._arena = np.empty(0, dtype=np.uint8)
+        self._arena_lock = threading.Lock()
         self._last: Signature | None = None
         self.runtime_inference_failures: dict[str, str] = {}
         self.observers: list[Any] = list(reg.observers)
@@ -193,12 +200,19 @@ class Engine:
         return [vals[self.slots[n]] for n in names]
 
     def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
-        steps = self._bound.get(sig)
-        if steps is None:
-            self._discover(sig, vals, observers)
-        else:
-            self._execute(vals, steps, observers)
-        self._last = sig
+        if not self._arena_lock.acquire(blocking=False):
+            # another thread is running through the arena: this run takes fresh memory instead of waiting
+            self._execute(vals, self.steps, observers)
+            return
+        try:
+            steps = self._bound.get(sig)
+            if steps is None:
+                self._discover(sig, vals, observers)
+            else:
+                self._execute(vals, steps, observers)
+            self._last = sig
+        finally:
+            self._arena_lock.release()
 
     def _discover(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
         """First run of a signature: fresh allocations, observe shapes and views, then plan."""
@@ -222,6 +236,10 @@ class Engine:
             )
         )
         self._plans[sig] = plan
+        while len(self._plans) > MAX_PLANS:  # evict the oldest signature; its types go with it
+            old = next(iter(self._plans))
+            for cache in (self._plans, self._bound, self._types):
+                cache.pop(old, None)
         if plan.arena_bytes > self._arena.nbytes:
             # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing
             self._arena = np.empty(align(plan.arena_bytes), dtype=np.uint8)

@@ -177,3 +177,18 @@ def test_alternating_shapes_share_one_arena(out_plugin):
         x = np.random.default_rng(i).standard_normal((m, N)).astype(np.float32)
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], 2 * np.maximum(x + np.float32(0.5), 0), rtol=1e-6)
     assert sess._arena is arena  # 17 rows fit in the arena sized for 64
+
+
+def test_concurrent_runs_do_not_share_the_arena(out_plugin):
+    """Runs from several threads at once each get correct results (only one uses the arena)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    sess = InferenceSession(chain_model(depth=6))
+    sess.run(None, {"x": _feed(0)})
+
+    def one(seed: int) -> bool:
+        x = _feed(seed)
+        return bool(np.allclose(sess.run(None, {"x": x})[0], chain_reference(x, 6), rtol=1e-6))
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(one, range(40)))
