@@ -225,3 +225,173 @@ def test_resize_matches_onnxruntime(case):
     want = run_ort("Resize", 19, inputs, attrs)[0]
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+# -- fast paths: Winograd, im2col slabs, out= -----------------------------------------
+
+
+def _conv_reference(x, w, pads):
+    """Direct float64 convolution (stride 1) by summing shifted taps."""
+    kh, kw = w.shape[2:]
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    oh, ow = xp.shape[2] - kh + 1, xp.shape[3] - kw + 1
+    y = np.zeros((x.shape[0], w.shape[0], oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), xp[:, :, i : i + oh, j : j + ow])
+    return y
+
+
+@pytest.mark.parametrize("shape,pads", [((2, 16, 13, 11), [1, 1, 1, 1]), ((1, 24, 12, 12), [0, 2, 1, 0]),
+                                        ((1, 32, 20, 9), [0, 0, 0, 0])])
+def test_winograd_matches_float64_reference(monkeypatch, shape, pads):
+    """Winograd F(2x2,3x3) (odd sizes, asymmetric pads, several row blocks) is within rtol 1e-3 of float64."""
+    from minfer_ops_conv import conv, winograd
+
+    monkeypatch.setattr(winograd, "MIN_TILES", 1)
+    monkeypatch.setattr(winograd, "BLOCK_BYTES", 16 * (shape[1] + 8) * 8 * 4 * 2)  # about two tile rows a block
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((8, shape[1], 3, 3)).astype(np.float32)
+    got = run_kernel("Conv", 11, [x, w], {"pads": pads})
+    plan = conv.plan_for(conv.geo.window(shape[2:], (3, 3), pads=pads), conv.pack(w, 1, build_time=True), shape[1])
+    assert plan.__qualname__.startswith("plan")  # the Winograd plan was the one chosen
+    np.testing.assert_allclose(got, _conv_reference(x, w, pads), rtol=1e-3, atol=1e-3)
+
+
+def test_im2col_slabs_match_onnxruntime(monkeypatch):
+    """Copying im2col in many small row slabs gives the same conv as onnxruntime (grouped, strided, dilated)."""
+    from minfer_ops_conv import conv
+
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)  # one output row per slab
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 11, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 2)).astype(np.float32)
+    attrs = {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}
+    np.testing.assert_allclose(run_kernel("Conv", 11, [x, w], attrs), run_ort("Conv", 11, [x, w], attrs)[0],
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_conv_writes_into_out_buffer():
+    """Given out=, Conv writes its result there (bias included) and returns that very array."""
+    k = pick_kernel("Conv", 11)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((1, 4, 8, 8)).astype(np.float32)
+    w = rng.standard_normal((5, 4, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(5).astype(np.float32)
+    ctx = KernelContext("n", "Conv", 11, (None,) * 3, (None,), (None, w, b), 1)
+    fn = k.fn(ctx, pads=[1, 1, 1, 1])
+    out = np.full((1, 5, 8, 8), np.nan, np.float32)
+    assert fn(x, w, b, out=out) is out
+    np.testing.assert_allclose(out, run_ort("Conv", 11, [x, w, b], {"pads": [1, 1, 1, 1]})[0], rtol=1e-4, atol=1e-4)
+
+
+# -- normalization ops against onnxruntime (onnx's reference is wrong for old BN and LRN) -----
+
+
+@pytest.mark.parametrize("opset,attrs", [(7, {"spatial": 1}), (9, {}), (14, {"training_mode": 0}), (15, {})])
+def test_batch_norm_matches_onnxruntime(opset, attrs):
+    """Inference BatchNormalization equals onnxruntime for the opset 7, 9, 14 and 15 attribute sets."""
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 4, 3)).astype(np.float32)
+    params = [rng.standard_normal(5).astype(np.float32) for _ in range(3)] + [rng.random(5).astype(np.float32) + 0.1]
+    attrs = dict(attrs, epsilon=1e-3)
+    got = run_kernel("BatchNormalization", opset, [x, *params], attrs)
+    np.testing.assert_allclose(got, run_ort("BatchNormalization", opset, [x, *params], attrs)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_lrn_even_size_matches_onnx_node_rule():
+    """LRN with an even size sums channels [c - (size-1)//2, c + ceil((size-1)/2)], per the ONNX spec."""
+    x = np.random.default_rng(8).standard_normal((1, 6, 2, 2)).astype(np.float32)
+    sq = np.square(x.astype(np.float64))
+    window = np.stack([sq[:, max(0, c - 1) : c + 3].sum(axis=1) for c in range(6)], axis=1)  # size 4: c-1 .. c+2
+    want = x / (1.0 + 0.01 / 4 * window) ** 0.75
+    np.testing.assert_allclose(run_kernel("LRN", 13, [x], {"size": 4, "alpha": 0.01}), want, rtol=1e-5)
+
+
+def test_batch_norm_6_ignores_is_test():
+    """BatchNormalization-6 always uses the running statistics, whatever is_test says."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((2, 3, 4)).astype(np.float32)
+    s, b, m = (rng.standard_normal(3).astype(np.float32) for _ in range(3))
+    v = rng.random(3).astype(np.float32) + 0.5
+    want = (x - m[:, None]) / np.sqrt(v[:, None] + 1e-5) * s[:, None] + b[:, None]
+    for is_test in (0, 1):
+        got = run_kernel("BatchNormalization", 6, [x, s, b, m, v], {"is_test": is_test})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_batch_norm_spatial_0_uses_per_activation_params():
+    """BatchNormalization-7 with spatial=0 normalizes each (c, h, w) with its own statistics."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 3, 4, 2)).astype(np.float32)
+    scale, bias, mean = (rng.standard_normal((3, 4, 2)).astype(np.float32) for _ in range(3))
+    var = rng.random((3, 4, 2)).astype(np.float32) + 0.5
+    got = run_kernel("BatchNormalization", 7, [x, scale, bias, mean, var], {"spatial": 0})
+    np.testing.assert_allclose(got, (x - mean) / np.sqrt(var + 1e-5) * scale + bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("size", [1, 3, 5])
+def test_lrn_matches_onnxruntime(size):
+    """LRN equals onnxruntime for window sizes 1, 3 and 5 (onnxruntime refuses even sizes)."""
+    x = np.random.default_rng(5).standard_normal((2, 7, 3, 4)).astype(np.float32)
+    attrs = {"size": size, "alpha": 0.01, "beta": 0.6, "bias": 1.5}
+    np.testing.assert_allclose(run_kernel("LRN", 13, [x], attrs), run_ort("LRN", 13, [x], attrs)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_instance_norm_matches_onnxruntime():
+    """InstanceNormalization equals onnxruntime on a 3-D (N, C, L) input."""
+    rng = np.random.default_rng(6)
+    x, s, b = rng.standard_normal((2, 3, 10)).astype(np.float32), *(rng.standard_normal(3).astype(np.float32) for _ in range(2))
+    got = run_kernel("InstanceNormalization", 6, [x, s, b], {"epsilon": 1e-4})
+    np.testing.assert_allclose(got, run_ort("InstanceNormalization", 6, [x, s, b], {"epsilon": 1e-4})[0], rtol=1e-4, atol=1e-5)
+
+
+def test_max_roi_pool_matches_onnxruntime():
+    """MaxRoiPool equals onnxruntime, rounding roi corners half away from zero."""
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 10, 12)).astype(np.float32)
+    rois = np.array([[0, 1, 1, 6, 8], [1, 0.5, 2.5, 11, 9], [0, 3, 3, 3, 3]], np.float32)
+    attrs = {"pooled_shape": [3, 2], "spatial_scale": 1.0}
+    np.testing.assert_allclose(run_kernel("MaxRoiPool", 1, [x, rois], attrs), run_ort("MaxRoiPool", 1, [x, rois], attrs)[0])
+
+
+# -- onnx's node cases, with every input but X known at build time ----------------------------
+
+
+def _conv_plugin_cases():
+    from minfer_core.conformance import load_cases
+
+    ops = {k.op_type for k in KERNELS}
+    return [c for c in load_cases() if len(c.proto.graph.node) == 1 and c.op_type == ("", c.proto.graph.node[0].op_type)
+            and c.op_type[1] in ops]
+
+
+def _attributes(node):
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if a.type == onnx.AttributeProto.TENSOR:
+            v = onnx.numpy_helper.to_array(v)
+        out[a.name] = v.decode() if isinstance(v, bytes) else v
+    return out
+
+
+@pytest.mark.parametrize("case", _conv_plugin_cases(), ids=lambda c: c.name)
+def test_node_case_with_constant_inputs(case):
+    """Each node case of this plugin's ops passes with inputs 1.. given to the factory as constants (pre-packed)."""
+    model = case.proto
+    node = model.graph.node[0]
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    for inputs, expected in case.data_sets:
+        feed = dict(zip([i.name for i in model.graph.input], inputs))
+        names = list(node.input)
+        while names and not names[-1]:
+            names.pop()
+        args = [feed[n] if n else None for n in names]
+        n_out = len([o for o in node.output if o])
+        got = run_kernel(node.op_type, opset, args, _attributes(node), num_outputs=n_out)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, e in zip(got, expected):
+            assert g.dtype == e.dtype and g.shape == e.shape
+            np.testing.assert_allclose(g, e, rtol=case.rtol, atol=case.atol)
