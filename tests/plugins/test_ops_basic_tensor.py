@@ -81,21 +81,28 @@ def test_view_ops_share_memory_with_their_input(op_type, opset, extra, attrs):
     assert np.shares_memory(out, x)
 
 
-@pytest.mark.parametrize("opset", [7, 10, 13, 22])
+@pytest.mark.parametrize("opset", [1, 7, 10, 13, 22])
 def test_inference_dropout_is_a_view_with_an_all_true_mask(opset):
     """Inference Dropout returns a view and a keep-everything mask (bool from opset 10, data's dtype before)."""
-    y, mask = call("Dropout", opset, X)
+    y, mask = call("Dropout", opset, X, num_outputs=2)
     assert np.shares_memory(y, X) and np.array_equal(y, X)
     assert mask.dtype == (np.bool_ if opset >= 10 else X.dtype) and mask.all()
+
+
+def test_dropout_without_a_mask_output_builds_no_mask():
+    """A Dropout node with one output gets just the view back, no full-size mask array."""
+    y = call("Dropout", 13, X, np.array(0.3, np.float32), num_outputs=1)
+    assert isinstance(y, np.ndarray) and np.shares_memory(y, X)
 
 
 def test_training_dropout_scales_kept_values_and_is_seeded():
     """Dropout-12 in training mode zeroes dropped entries, scales kept ones by 1/(1-ratio), and a seed repeats the mask."""
     x = np.ones((50, 40), np.float32)
-    y, mask = call("Dropout", 13, x, np.array(0.25, np.float32), np.array(True), seed=3)
+    args = (x, np.array(0.25, np.float32), np.array(True))
+    y, mask = call("Dropout", 13, *args, num_outputs=2, seed=3)
     assert set(np.unique(y)) <= {0.0, np.float32(1 / 0.75)}
     assert np.array_equal(y != 0, mask) and 0.6 < mask.mean() < 0.9
-    assert np.array_equal(call("Dropout", 13, x, np.array(0.25, np.float32), np.array(True), seed=3)[1], mask)
+    assert np.array_equal(call("Dropout", 13, *args, num_outputs=2, seed=3)[1], mask)
 
 
 def test_view_ops_never_write_their_input():

@@ -73,10 +73,11 @@ def flatten(input, *, axis=1):
 
 
 def _squeeze(data: np.ndarray, axes) -> np.ndarray:
+    axes = [] if axes is None else _ints(axes)
     # An empty axes tensor means "not given", as in onnx's reference and onnxruntime.
-    if axes is None or not len(_ints(axes)):
+    if not axes:
         return data.reshape([d for d in data.shape if d != 1])
-    drop = {_axis(a, data.ndim) for a in _ints(axes)}
+    drop = {_axis(a, data.ndim) for a in axes}
     if any(data.shape[a] != 1 for a in drop):
         raise ValueError(f"Squeeze axes {sorted(drop)} must all have size 1, shape is {data.shape}")
     return data.reshape([d for i, d in enumerate(data.shape) if i not in drop])
@@ -125,47 +126,59 @@ def identity(input):
     return input.view() if isinstance(input, np.ndarray) else input
 
 
-def _ones_mask(data: np.ndarray, dtype) -> np.ndarray:
-    return np.ones(data.shape, dtype=dtype)
+# Dropout kernels prepare themselves to learn whether the node has a mask output:
+# most inference graphs do not, and an all-true mask would cost a full-size array.
 
 
-@kernel("Dropout", since=1, views=True)
-def dropout_1(data, *, is_test=0, ratio=0.5, consumed_inputs=None):
+def _inference(mask_dtype, with_mask: bool):
+    """The inference-mode Dropout callable: a view, plus an all-true mask only when the node has one."""
+    if not with_mask:
+        return lambda data: data.view()
+    return lambda data: (data.view(), np.ones(data.shape, mask_dtype or data.dtype))
+
+
+@kernel("Dropout", since=1, prepare=True, views=True)
+def dropout_1(ctx, *, is_test=0, ratio=0.5, consumed_inputs=None):
     """Dropout-1: inference only; the mask (data's dtype) keeps everything."""
-    return data.view(), _ones_mask(data, data.dtype)
+    return _inference(None, ctx.num_outputs > 1)
 
 
-@kernel("Dropout", since=6, views=True)
-def dropout_6(data, *, is_test=0, ratio=0.5):
+@kernel("Dropout", since=6, prepare=True, views=True)
+def dropout_6(ctx, *, is_test=0, ratio=0.5):
     """Dropout-6: inference only; the mask (data's dtype) keeps everything."""
-    return data.view(), _ones_mask(data, data.dtype)
+    return _inference(None, ctx.num_outputs > 1)
 
 
-@kernel("Dropout", since=7, views=True)
-def dropout_7(data, *, ratio=0.5):
+@kernel("Dropout", since=7, prepare=True, views=True)
+def dropout_7(ctx, *, ratio=0.5):
     """Dropout-7: always inference; mask in data's dtype."""
-    return data.view(), _ones_mask(data, data.dtype)
+    return _inference(None, ctx.num_outputs > 1)
 
 
-@kernel("Dropout", since=10, views=True)
-def dropout_10(data, *, ratio=0.5):
+@kernel("Dropout", since=10, prepare=True, views=True)
+def dropout_10(ctx, *, ratio=0.5):
     """Dropout-10: always inference; mask is bool."""
-    return data.view(), _ones_mask(data, np.bool_)
+    return _inference(np.bool_, ctx.num_outputs > 1)
 
 
-@kernel("Dropout", since=12, views=True)
-def dropout_12(data, ratio=None, training_mode=None, *, seed=None):
+@kernel("Dropout", since=12, prepare=True, views=True)
+def dropout_12(ctx, *, seed=None):
     """Dropout-12/13/22: identity unless training_mode is true, then scaled random drop."""
-    if training_mode is None or not bool(np.asarray(training_mode)):
-        return data.view(), _ones_mask(data, np.bool_)
-    p = 0.5 if ratio is None else float(np.asarray(ratio))
-    if p == 0:
-        return data.view(), _ones_mask(data, np.bool_)
-    # A given seed makes the mask reproducible; RandomState matches what onnx's own cases expect.
-    rng = np.random.default_rng() if seed is None else np.random.RandomState(seed)
-    mask = rng.uniform(0.0, 1.0, data.shape) >= p
-    scale = np.asarray(1.0 / (1.0 - p), dtype=data.dtype)
-    return (data * mask * scale).astype(data.dtype, copy=False), mask
+    with_mask = ctx.num_outputs > 1
+    inference = _inference(np.bool_, with_mask)
+    # One generator per node: a seeded node repeats its sequence per engine, later runs
+    # draw afresh (as onnxruntime does); RandomState is what onnx's own cases expect.
+    rng = np.random.default_rng() if seed is None else np.random.RandomState(int(seed))
+
+    def run(data, ratio=None, training_mode=None):
+        p = 0.5 if ratio is None else float(np.asarray(ratio))
+        if training_mode is None or not bool(np.asarray(training_mode)) or p == 0:
+            return inference(data)
+        mask = rng.uniform(0.0, 1.0, data.shape) >= p
+        out = (data * mask * np.asarray(1.0 / (1.0 - p), data.dtype)).astype(data.dtype, copy=False)
+        return (out, mask) if with_mask else out
+
+    return run
 
 
 # --- Transpose / Concat / Split ----------------------------------------------------
