@@ -89,12 +89,24 @@ def gemm_1(ctx, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
 # --- the rest ----------------------------------------------------------------
 
 
-@kernel("Einsum", since=12)
-def einsum(*inputs, equation):
-    """Einsum-12: Einstein summation; numpy's contraction order search picks BLAS paths."""
+@kernel("Einsum", since=12, prepare=True)
+def einsum(ctx, *, equation):
+    """Einsum-12: Einstein summation along a contraction path searched once per input shapes."""
     eq = equation.replace(" ", "")
-    xs = [_blas(x) for x in inputs]
-    return arr(np.einsum(eq, *xs, optimize=len(xs) > 1), inputs[0].dtype)
+    paths: dict[tuple, Any] = {}  # the path search costs more than a small einsum itself
+
+    def run(*inputs):
+        xs = [_blas(x) for x in inputs]
+        if len(xs) < 2:
+            return arr(np.einsum(eq, *xs), inputs[0].dtype)
+        key = tuple(x.shape for x in xs)
+        if key not in paths:
+            if len(paths) > 64:
+                paths.clear()
+            paths[key] = np.einsum_path(eq, *xs, optimize="greedy")[0]
+        return arr(np.einsum(eq, *xs, optimize=paths[key]), inputs[0].dtype)
+
+    return run
 
 
 @kernel("Det", since=11)
