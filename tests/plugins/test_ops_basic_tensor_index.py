@@ -268,6 +268,26 @@ def test_compress_and_where_and_reverse_sequence():
     assert call("ReverseSequence", 10, x, i64(4, 1)).tolist() == [[6, 1], [4, 3], [2, 5], [0, 7]]
 
 
+@SETTINGS
+@given(hnp.array_shapes(min_dims=2, max_dims=3, min_side=1, max_side=5), st.data())
+def test_onehot_unique_compress_reverse_sequence_match_onnxruntime(dims, data):
+    """OneHot (any axis, out-of-range indices), Unique (sorted or not, with axis), Compress and ReverseSequence agree with onnxruntime."""
+    rng = np.random.default_rng(data.draw(st.integers(0, 999)))
+    rank = len(dims)
+    axis = data.draw(st.integers(-rank, rank - 1))
+    depth = data.draw(st.integers(1, 4))
+    indices = rng.integers(-depth - 1, depth + 1, dims)
+    assert_matches_ort("OneHot", 11, [indices, i64(depth), np.array([0, 5], np.float32)], {"axis": data.draw(st.integers(-rank - 1, rank))})
+    x = rng.integers(0, 3, dims).astype(np.float32)
+    assert_matches_ort("Unique", 11, [x], {"sorted": data.draw(st.sampled_from([0, 1]))}, num_outputs=4)
+    assert_matches_ort("Unique", 11, [x], {"axis": axis, "sorted": data.draw(st.sampled_from([0, 1]))}, num_outputs=4)
+    cond = rng.random(data.draw(st.integers(1, dims[axis]))) < 0.5
+    assert_matches_ort("Compress", 11, [x, cond], {"axis": axis})
+    time_axis, batch_axis = data.draw(st.sampled_from([(0, 1), (1, 0)]))
+    lens = rng.integers(1, dims[time_axis] + 1, dims[batch_axis]).astype(np.int64)
+    assert_matches_ort("ReverseSequence", 10, [x, lens], {"time_axis": time_axis, "batch_axis": batch_axis})
+
+
 @st.composite
 def nms_cases(draw):
     """Random boxes (either corner order or center form), scores with ties, thresholds."""
