@@ -72,6 +72,9 @@ def _dft(x: np.ndarray, dft_length, axis: int, inverse: int, onesided: int) -> n
         n = int(_scalar(dft_length))
     else:
         n = 2 * (dim - 1) if inverse and onesided else dim
+    if n < 1:  # numpy refuses empty transforms; onnxruntime returns an empty axis
+        empty = list(z.shape[:axis]) + [0] + list(z.shape[axis + 1 :])
+        return np.zeros(empty + [1 if inverse and onesided else 2], x.dtype)
     if inverse and onesided:
         # IRFFT: Hermitian half spectrum in, real signal (trailing dim 1) out.
         return np.fft.irfft(z, n, axis=axis)[..., None].astype(x.dtype)
