@@ -43,6 +43,8 @@ def schema_default(attr):
     if attr.default_value is None or attr.default_value.type == 0:
         return None
     value = helper.get_attribute_value(attr.default_value)
+    if isinstance(value, list):
+        return [v.decode() if isinstance(v, bytes) else v for v in value]
     return value.decode() if isinstance(value, bytes) else value
 
 
