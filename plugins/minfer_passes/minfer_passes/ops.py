@@ -114,25 +114,28 @@ def _fused(base: str) -> Callable[..., Any]:
     return factory
 
 
-fused_conv = kernel("FusedConv", domain=MINFER_DOMAIN, prepare=True)(_fused("Conv"))
-fused_gemm = kernel("FusedGemm", domain=MINFER_DOMAIN, prepare=True)(_fused("Gemm"))
-fused_matmul = kernel("FusedMatMul", domain=MINFER_DOMAIN, prepare=True)(_fused("MatMul"))
+# views=False: the activation runs on a result that is copied first if it could share an input's memory
+fused_conv = kernel("FusedConv", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("Conv"))
+fused_gemm = kernel("FusedGemm", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("Gemm"))
+fused_matmul = kernel("FusedMatMul", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("MatMul"))
 
 BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 
 
-@kernel("BinaryScalar", domain=MINFER_DOMAIN)
-def binary_scalar(x, *, op, scalar, reverse=0):
+@kernel("BinaryScalar", domain=MINFER_DOMAIN, out=True, inplace=(0,), views=False)
+def binary_scalar(x, *, op, scalar, reverse=0, out=None):
     """ai.minfer::BinaryScalar-1: x op scalar (scalar op x when reverse) for Add/Sub/Mul/Div."""
     s = np.asarray(scalar, dtype=x.dtype)
-    return np.asarray(BINARY[op](s, x) if reverse else BINARY[op](x, s))
+    return np.asarray(BINARY[op](s, x, out=out) if reverse else BINARY[op](x, s, out=out))
 
 
-@kernel("WeightedSum", domain=MINFER_DOMAIN)
-def weighted_sum(a, b, *, weights):
+@kernel("WeightedSum", domain=MINFER_DOMAIN, out=True, views=False)
+def weighted_sum(a, b, *, weights, out=None):
     """ai.minfer::WeightedSum-1: a*weights[0] + b*weights[1], each product rounded to the dtype."""
+    # not in place: with out aliasing a, the first product would overwrite b when b is a too
     w = np.asarray(weights, dtype=a.dtype)
-    return np.asarray(np.multiply(a, w[0]) + np.multiply(b, w[1]))
+    first = np.multiply(a, w[0], out=out if out is not None and out.shape == a.shape else None)
+    return np.asarray(np.add(first, np.multiply(b, w[1]), out=out))
 
 
 KERNELS = [fused_conv, fused_gemm, fused_matmul, binary_scalar, weighted_sum]
