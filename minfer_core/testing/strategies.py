@@ -25,7 +25,10 @@ from .builder import GraphBuilder
 # Two-input ops that do not broadcast elementwise (their shapes follow other rules).
 NOT_ELEMENTWISE = {"MatMul", "MatMulInteger", "QLinearMatMul", "PRelu", "GatherElements", "Gather", "Expand", "Tile"}
 # Discontinuous ops turn a pass's allowed rounding into a jump; overflowing ones into inf: left out.
-UNSTABLE = {"Round", "Ceil", "Floor", "Sign", "Hardmax", "ThresholdedRelu", "Shrink", "Exp", "Pow", "Reciprocal", "Div", "Log", "Tan", "Cosh", "Sinh", "Acosh", "Atanh", "Mod", "Erf"}
+UNSTABLE = {
+    "Round", "Ceil", "Floor", "Sign", "Hardmax", "ThresholdedRelu", "Shrink",
+    "Exp", "Pow", "Reciprocal", "Div", "Log", "Tan", "Cosh", "Sinh", "Acosh", "Atanh", "Mod", "Erf",
+}
 UNARY_EXTRA_INPUTS_OK = {"Clip"}
 
 
@@ -40,7 +43,9 @@ def _schema_ops(opset: int, kernels: frozenset[str]) -> tuple[tuple[str, ...], t
             schema = onnx.defs.get_schema(op_type, opset, "")
         except Exception:
             continue
-        if op_type in UNSTABLE or op_type in NOT_ELEMENTWISE or any(a.required for a in schema.attributes.values()) or len(schema.outputs) != 1:
+        if op_type in UNSTABLE or op_type in NOT_ELEMENTWISE or len(schema.outputs) != 1:
+            continue
+        if any(a.required for a in schema.attributes.values()):
             continue
         if not _takes_float(schema):
             continue

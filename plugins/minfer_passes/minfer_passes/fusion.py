@@ -25,7 +25,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import add_const, const, has_kernel, is_op, per_channel, replace, shape_of, sole_consumer
+from ._util import FLOATS, add_const, const, has_kernel, is_op, per_channel, replace, shape_of, sole_consumer
 
 
 def _bn_params(graph: Graph, bn: Node) -> tuple[np.ndarray, ...] | None:
@@ -188,6 +188,8 @@ def matmul_add_to_gemm(graph: Graph) -> bool:
         other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
         c = graph.type_of(other)
         if c is None or not c.is_static or len(c.shape) > 2 or c.dtype != b.dtype:  # type: ignore[arg-type]
+            continue
+        if b.dtype not in FLOATS:  # Gemm is only sure to have a kernel for float types
             continue
         if np.broadcast_shapes(out, c.shape) != out:  # type: ignore[arg-type]
             continue

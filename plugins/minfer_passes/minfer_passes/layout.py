@@ -29,7 +29,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import const, has_kernel, is_op, opset, replace, shape_of, sole_consumer
+from ._util import FLOATS, const, has_kernel, is_op, opset, replace, shape_of, sole_consumer
 
 VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -122,6 +122,8 @@ def _pointwise_on_1x1(graph: Graph, conv: Node) -> bool:
     """A Conv that is a matrix product: 1x1 spatial input, 1x1 kernel, one group, no padding, constant W."""
     shape, w = shape_of(graph, conv.inputs[0]), const(graph, conv.inputs[1])
     if shape is None or len(shape) != 4 or shape[2:] != (1, 1) or w is None or w.shape[2:] != (1, 1):
+        return False
+    if w.dtype not in FLOATS:  # Gemm is only sure to have a kernel for float types
         return False
     a = conv.attrs
     if a.get("group", 1) != 1 or any(a.get("pads", [0])) or a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):

@@ -245,7 +245,8 @@ def activation_fusion(draw: Any) -> Any:
     elif act == "HardSigmoid":
         attrs = {"alpha": draw(st.sampled_from([0.2, 0.5])), "beta": draw(st.sampled_from([0.5, 0.3]))}
     elif act == "Clip":
-        extra = [b.const(np.float32(draw(st.sampled_from([-0.5, 0.0])))), b.const(np.float32(draw(st.sampled_from([0.5, 6.0]))))]
+        lo, hi = draw(st.sampled_from([-0.5, 0.0])), draw(st.sampled_from([0.5, 6.0]))
+        extra = [b.const(np.float32(lo)), b.const(np.float32(hi))]
         extra = extra[: draw(st.integers(0, 2))]
     return _finish(b, b.op(act, y, *extra, **attrs))
 
