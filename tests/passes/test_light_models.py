@@ -51,3 +51,20 @@ def test_portable_output_runs_in_onnxruntime(name):
     got = ort.InferenceSession(to_model_proto(graph).SerializeToString(), opts).run(None, {inp: x})
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["light_squeezenet", "light_resnet50"])
+def test_fused_output_reloads_in_minfer(name):
+    """A model written with ai.minfer fused nodes loads back into minfer and gives the original's outputs."""
+    from minfer_core import InferenceSession
+
+    model = randomized(name, seed=5)
+    graph = load_model(model)
+    optimize_graph(graph, "all")
+    assert any(n.domain == "ai.minfer" for n in graph.nodes)
+    inp = graph.inputs[0]
+    x = np.random.default_rng(6).standard_normal(graph.types[inp].shape).astype(np.float32)
+    want = InferenceSession(model, passes="none").run(None, {inp: x})
+    got = InferenceSession(to_model_proto(graph), passes="none").run(None, {inp: x})
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
