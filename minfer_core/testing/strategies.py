@@ -29,7 +29,9 @@ UNSTABLE = {
     "Round", "Ceil", "Floor", "Sign", "Hardmax", "ThresholdedRelu", "Shrink",
     "Exp", "Pow", "Reciprocal", "Div", "Log", "Tan", "Cosh", "Sinh", "Acosh", "Atanh", "Mod", "Erf",
 }
-UNARY_EXTRA_INPUTS_OK = {"Clip"}
+# Ops whose shape or meaning inference cannot pin down from random float inputs (recurrences, data-dependent
+# shapes, complex-valued transforms): left out of the schema-driven step.
+NOT_GENERATED = {"GRU", "LSTM", "RNN", "Range", "Unique", "DFT", "STFT", "Det", "Resize", "NonZero", "Loop", "If", "Scan"}
 
 
 @functools.lru_cache(maxsize=None)
@@ -58,6 +60,52 @@ def _schema_ops(opset: int, kernels: frozenset[str]) -> tuple[tuple[str, ...], t
     return tuple(unary), tuple(binary)
 
 
+@functools.lru_cache(maxsize=None)
+def _general_ops(opset: int, kernels: frozenset[str]) -> tuple[tuple[str, int, int], ...]:
+    """(op_type, min inputs, max inputs) of float ops with a kernel whose inputs all share the output's type."""
+    import onnx
+
+    Option = onnx.defs.OpSchema.FormalParameterOption
+    found = []
+    for op_type in sorted(kernels):
+        try:
+            schema = onnx.defs.get_schema(op_type, opset, "")
+        except Exception:
+            continue
+        if op_type in UNSTABLE or op_type in NOT_GENERATED or not _takes_float(schema):
+            continue
+        if any(a.required for a in schema.attributes.values()) or not schema.inputs or any(o.option != Option.Optional for o in schema.outputs[1:]):
+            continue
+        required = [i for i in schema.inputs if i.option != Option.Optional]
+        if not required or any(i.type_str != schema.outputs[0].type_str for i in required):
+            continue
+        variadic = required[-1].option == Option.Variadic
+        found.append((op_type, len(required), len(required) + 2 if variadic else len(required)))
+    return tuple(found)
+
+
+def inferred_shape(op_type: str, opset: int, shapes_: Sequence[tuple[int, ...]], attrs: dict[str, Any],
+                   max_size: int = 4096) -> tuple[int, ...] | None:
+    """The static output shape onnx's inference gives a float node, or None when it rejects it."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    names = [f"i{i}" for i in range(len(shapes_))]
+    types = {n: helper.make_tensor_type_proto(TensorProto.FLOAT, list(s)) for n, s in zip(names, shapes_)}
+    try:
+        schema = onnx.defs.get_schema(op_type, opset, "")
+        out = onnx.shape_inference.infer_node_outputs(
+            schema, helper.make_node(op_type, names, ["y"], **attrs), types,
+            opset_imports=[helper.make_opsetid("", opset)])
+    except Exception:
+        return None
+    tt = out["y"].tensor_type if "y" in out else None
+    if tt is None or not tt.HasField("shape") or any(not d.HasField("dim_value") for d in tt.shape.dim):
+        return None
+    shape = tuple(int(d.dim_value) for d in tt.shape.dim)
+    return shape if all(d >= 1 for d in shape) and int(np.prod(shape)) <= max_size else None
+
+
 def _keeps_shape(schema: Any, op_type: str, opset: int, arity: int) -> bool:
     """Whether onnx's inference says the op maps float[2,3,1,5] inputs (the second broadcast) to float[2,3,1,5]."""
     import onnx
@@ -82,12 +130,15 @@ def _takes_float(schema: Any) -> bool:
     return False
 
 
-def _registered(opset: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def _kernel_ops(opset: int) -> frozenset[str]:
     from ..plugins import get_registry
 
     reg = get_registry()
-    names = frozenset(op for (dom, op) in reg.kernels if dom == "" and reg.select_kernel("", op, opset) is not None)
-    return _schema_ops(opset, names)
+    return frozenset(op for (dom, op) in reg.kernels if dom == "" and reg.select_kernel("", op, opset) is not None)
+
+
+def _registered(opset: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    return _schema_ops(opset, _kernel_ops(opset))
 
 
 def has_kernels(*op_types: str, opset: int = 17) -> bool:
@@ -127,36 +178,58 @@ def expose(draw: Any, b: GraphBuilder, value: str) -> str:
 
 @st.composite
 def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any] = (np.float32, np.float64)) -> Graph:
-    """A random valid graph of registered float elementwise ops and motifs, over one NCHW shape.
+    """A random valid graph built from the registered op schemas.
 
-    One dtype per graph, drawn from ``dtypes``; op attributes are drawn
-    within their schema's rules (`op_attributes`).
+    One dtype per graph, drawn from ``dtypes``. Each step applies, to values
+    already in the graph, a float elementwise op (unary, or binary with a
+    value or a broadcasting constant), any other registered float op whose
+    inputs share one type (arity, attributes and the result's shape
+    accepted by onnx's own inference for that schema: `inferred_shape`), or a
+    motif (Conv + BatchNormalization, pooling, transposes, identities).
     """
     unary, binary = _registered(opset)
+    general = _general_ops(opset, _kernel_ops(opset))
     dtype = np.dtype(draw(st.sampled_from(list(dtypes))))
     b = GraphBuilder(opset)
     shape = draw(st.tuples(st.integers(1, 2), st.integers(1, 4), st.integers(1, 5), st.integers(1, 5)))
-    values = [b.input(shape, dtype)]
+    shapes_: dict[str, tuple[int, ...]] = {b.input(shape, dtype): shape}
     if draw(st.booleans()):
-        values.append(b.input(shape, dtype))
+        shapes_[b.input(shape, dtype)] = shape
     motifs = [m for m in MOTIFS if has_kernels(*m.__needs__, opset=opset)]
     for _ in range(draw(st.integers(1, max_nodes))):
-        src = draw(st.sampled_from(values))
-        kind = draw(st.sampled_from(["unary", "binary", "motif"]))
+        src = draw(st.sampled_from(list(shapes_)))
+        kind = draw(st.sampled_from(["unary", "binary", "schema", "motif"]))
         if kind == "unary" and unary:
             op_type = draw(st.sampled_from(unary))
-            values.append(b.op(op_type, src, **draw(op_attributes(op_type, opset, len(shape)))))
+            out = b.op(op_type, src, **draw(op_attributes(op_type, opset, len(shapes_[src]))))
+            shapes_[out] = shapes_[src]
         elif kind == "binary" and binary:
-            other = draw(st.sampled_from(values)) if draw(st.booleans()) else b.const(
-                draw(floats_array(draw(st.sampled_from([(), (1,), (shape[1], 1, 1), shape[-1:]])), dtype=dtype)))
-            values.append(b.op(draw(st.sampled_from(binary)), src, other))
-        elif motifs:
-            values.append(draw(st.sampled_from(motifs))(draw, b, src, shape, dtype))
+            same = [v for v, s in shapes_.items() if s == shapes_[src]]
+            other = draw(st.sampled_from(same)) if draw(st.booleans()) else b.const(draw(floats_array(
+                draw(st.sampled_from([(), (1,), shapes_[src][-1:]])), dtype=dtype)))
+            shapes_[b.op(draw(st.sampled_from(binary)), src, other)] = shapes_[src]
+        elif kind == "schema" and general:
+            _schema_step(draw, b, shapes_, general, opset)
+        elif kind == "motif" and motifs and len(shapes_[src]) == 4:
+            out = draw(st.sampled_from(motifs))(draw, b, src, shapes_[src], dtype)
+            shapes_[out] = shapes_[src]
+    values = list(shapes_)
     b.output(values[-1])
     for v in values[1:-1]:
         if draw(st.integers(0, 3)) == 0:
             b.output(v)
     return b.build()
+
+
+def _schema_step(draw: Any, b: GraphBuilder, shapes_: dict[str, tuple[int, ...]],
+                 general: Sequence[tuple[str, int, int]], opset: int) -> None:
+    """Apply a drawn op to drawn values when onnx's inference accepts the combination."""
+    op_type, low, high = draw(st.sampled_from(list(general)))
+    inputs = [draw(st.sampled_from(list(shapes_))) for _ in range(draw(st.integers(low, high)))]
+    attrs = draw(op_attributes(op_type, opset, len(shapes_[inputs[0]])))
+    out_shape = inferred_shape(op_type, opset, [shapes_[i] for i in inputs], attrs)
+    if out_shape is not None:
+        shapes_[b.op(op_type, *inputs, **attrs)] = out_shape
 
 
 @st.composite
