@@ -22,6 +22,7 @@ from .builder import GraphBuilder, random_array, random_feeds
 from .checks import (
     PassCheckFailure,
     PassOutcome,
+    UnusableExample,
     check_pass,
     check_pipeline,
     outputs_mismatch,
@@ -44,6 +45,7 @@ __all__ = [
     "run_graph",
     "signature",
     "tolerance",
+    "UnusableExample",
     "verify_pass",
     "verify_pipeline",
 ]
