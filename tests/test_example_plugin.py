@@ -37,3 +37,27 @@ def test_custom_op_shape_inference_feeds_the_rest_of_the_graph():
     sess = InferenceSession(scaled_tanh_model())
     assert sess.graph.types["t"].shape == ("n", 4)
     assert sess.graph.types["t"].dtype == np.float32
+
+
+def test_example_pass_gets_the_property_suite(tmp_path):
+    """`pytest --minfer-passes=minfer-contrib-example` runs the whole property suite on the example's pass."""
+    import subprocess
+    import sys
+
+    (tmp_path / "conftest.py").write_text("")
+    cmd = [sys.executable, "-m", "pytest", "--minfer-passes=minfer-contrib-example", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+    result = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "passed" in result.stdout and "failed" not in result.stdout
+
+
+def test_example_pass_rewrites_only_the_exact_case():
+    """The pass turns ScaledTanh(1, 1) into Tanh and leaves other attributes alone."""
+    from minfer_contrib_example.passes import plain_scaled_tanh
+
+    from minfer_core import load_model
+
+    graph = load_model(scaled_tanh_model())
+    assert not plain_scaled_tanh(graph)  # alpha=2, beta=0.5: not exact, must not fire
+    graph.nodes[0].attrs.clear()
+    assert plain_scaled_tanh(graph) and graph.nodes[0].op_type == "Tanh"

@@ -19,3 +19,10 @@ def register_ops(register):
 @hookimpl
 def register_kernels(register):
     register(scaled_tanh)
+
+
+@hookimpl
+def register_passes(register):
+    from .passes import PASS  # imports hypothesis: only the pass hook needs it
+
+    register(PASS)
