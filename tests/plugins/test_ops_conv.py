@@ -252,6 +252,7 @@ def test_winograd_matches_float64_reference(monkeypatch, shape, pads):
     from minfer_ops_conv import conv, winograd
 
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 16 * (shape[1] + 8) * 8 * 4 * 2)  # about two tile rows a block
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
