@@ -40,6 +40,7 @@ _LAZY = {
     "Pass": "passes",
     "PassResult": "passes",
     "onnx_dtype": "onnx_io",
+    "infer_types": "infer",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "get_registry",
     "hookimpl",
     "hookspec",
+    "infer_types",
     "kernel",
     "load_model",
     "onnx_dtype",

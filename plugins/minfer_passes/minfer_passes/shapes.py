@@ -5,25 +5,12 @@ and outputs keep their declared types), then the core's static inference
 runs over the whole graph. It reports a change only when the annotations
 differ, so the fixed-point loop settles. Exact: it changes no computation.
 
-The inference itself is the core's (``minfer_core.infer_types``); until the
-core exports it, this plugin reaches the core module directly (the only
-place it does so, noted in the project's issue).
+The inference itself is the core's (``minfer_core.infer_types``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from minfer_core import Graph, get_registry
-
-
-def _infer_types() -> Callable[..., Any]:
-    import minfer_core
-
-    fn = getattr(minfer_core, "infer_types", None) if "infer_types" in getattr(minfer_core, "__all__", ()) else None
-    if fn is None:
-        from minfer_core.infer import infer_types as fn  # pending export from minfer_core
-    return fn
+from minfer_core import Graph, get_registry, infer_types
 
 
 def shape_inference(graph: Graph) -> bool:
@@ -31,5 +18,5 @@ def shape_inference(graph: Graph) -> bool:
     before = dict(graph.types)
     live = set(graph.inputs) | set(graph.outputs) | {o for n in graph.nodes for o in n.outputs if o}
     graph.types = {k: v for k, v in graph.types.items() if k in live}
-    _infer_types()(graph, get_registry())
+    infer_types(graph, get_registry())
     return graph.types != before
