@@ -1,4 +1,4 @@
-"""Kernels: Conv (im2col + one GEMM per call, depthwise taps, pointwise matmul)."""
+"""Kernels: Conv, by the method that suits each shape: pointwise GEMM, im2col slabs + GEMM, Winograd, depthwise taps."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def pack(w: np.ndarray, group: int, build_time: bool = False) -> Packed:
     depthwise = None
     if group > 1 and cg == 1 and m == group:
         depthwise = np.ascontiguousarray(w.reshape(m, -1))
-    wino = winograd.transform_weights(w) if build_time and group == 1 and kernel == (3, 3) else None
+    wide = min(m, cg) >= winograd.MIN_CHANNELS
+    wino = winograd.transform_weights(w) if build_time and group == 1 and kernel == (3, 3) and wide else None
     return Packed(group, m, kernel, matrix, depthwise, wino)
 
 
