@@ -74,7 +74,7 @@ def _pointwise(w: geo.Window) -> Plan:
 
 # im2col is copied in slabs of output rows of about this many bytes: a slab stays in
 # cache between its copy and its GEMM, where a whole 224x224 im2col would not
-CHUNK_BYTES = 2 << 20
+CHUNK_BYTES = 4 << 20
 
 
 def _im2col(w: geo.Window) -> Plan:
