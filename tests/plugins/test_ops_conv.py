@@ -80,12 +80,13 @@ def conv_cases(draw):
     else:
         attrs["auto_pad"] = auto_pad
     batch = draw(st.integers(1, 2))
+    dtype = np.float32  # onnxruntime's CPU Conv is float32 only; see test_conv_keeps_float_dtypes
     rng = np.random.default_rng(draw(st.integers(0, 2**31)))
-    x = rng.standard_normal([batch, cg * group] + spatial).astype(np.float32)
-    w = rng.standard_normal([mg * group, cg] + kernel).astype(np.float32)
+    x = rng.standard_normal([batch, cg * group] + spatial).astype(dtype)
+    w = rng.standard_normal([mg * group, cg] + kernel).astype(dtype)
     inputs = [x, w]
     if draw(st.booleans()):
-        inputs.append(rng.standard_normal(mg * group).astype(np.float32))
+        inputs.append(rng.standard_normal(mg * group).astype(dtype))
     return inputs, attrs
 
 
@@ -96,7 +97,7 @@ def test_conv_matches_onnxruntime(case, constant_weights):
     inputs, attrs = case
     got = run_kernel("Conv", 11, inputs, attrs, constant_weights=constant_weights)
     want = run_ort("Conv", 11, inputs, attrs)[0]
-    assert got.dtype == np.float32 and got.shape == want.shape
+    assert got.dtype == inputs[0].dtype and got.shape == want.shape
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -123,12 +124,12 @@ def pool_cases(draw):
 
 
 @SETTINGS
-@given(pool_cases())
-def test_max_pool_matches_onnxruntime(case):
-    """MaxPool values and Indices equal onnxruntime's for random windows, pads, dilations and ceil_mode."""
+@given(pool_cases(), st.sampled_from([0, 1]))
+def test_max_pool_matches_onnxruntime(case, storage_order):
+    """MaxPool values and Indices (either storage_order) equal onnxruntime's for random windows and pads."""
     x, attrs = case
-    if any(d > 1 for d in attrs["dilations"]):
-        attrs["storage_order"] = 0
+    if x.ndim == 4 and all(d == 1 for d in attrs["dilations"]):
+        attrs["storage_order"] = storage_order  # onnxruntime's column-major indices: 2-D, undilated
     got = run_kernel("MaxPool", 12, [x], attrs, num_outputs=2)
     want = run_ort("MaxPool", 12, [x], attrs, num_outputs=2, out_types=[TensorProto.FLOAT, TensorProto.INT64])
     np.testing.assert_array_equal(got[0], want[0])
@@ -274,6 +275,19 @@ def test_im2col_slabs_match_onnxruntime(monkeypatch):
     attrs = {"group": 2, "strides": [2, 1], "dilations": [1, 2], "pads": [1, 0, 2, 1]}
     np.testing.assert_allclose(run_kernel("Conv", 11, [x, w], attrs), run_ort("Conv", 11, [x, w], attrs)[0],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-5), (np.float16, 2e-2)])
+def test_conv_keeps_float_dtypes(dtype, tol):
+    """Conv on float64 and float16 returns that dtype and agrees with the float32 result."""
+    rng = np.random.default_rng(10)
+    x = rng.standard_normal((1, 4, 9, 9)).astype(np.float32)
+    w = (rng.standard_normal((6, 2, 3, 3)) * 0.3).astype(np.float32)
+    attrs = {"pads": [1, 1, 1, 1], "group": 2, "strides": [2, 1]}
+    want = run_kernel("Conv", 11, [x, w], attrs)
+    got = run_kernel("Conv", 11, [x.astype(dtype), w.astype(dtype)], attrs)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(got.astype(np.float32), want, rtol=tol, atol=tol)
 
 
 def test_conv_writes_into_out_buffer():
