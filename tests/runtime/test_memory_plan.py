@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from onnx import TensorProto, helper
 
 from modelkit import make_model, tensor
-from minfer_core import InferenceSession
+from minfer_core import InferenceSession, hookimpl
 from minfer_core.memory import Block, align, live_set_bytes, place
 
 from . import outkernels as ok
@@ -192,3 +192,37 @@ def test_concurrent_runs_do_not_share_the_arena(out_plugin):
 
     with ThreadPoolExecutor(4) as pool:
         assert all(pool.map(one, range(40)))
+
+
+def test_real_kernels_write_into_the_same_arena_buffers_each_run():
+    """With the installed plugins, every out=-capable step of a CNN writes into the arena, at the same address each run."""
+    from minfer_core.plugins import use_plugins
+
+    from .test_dynamic_shapes import conv_model
+
+    addresses: list[dict[str, int]] = []
+
+    class Where:
+        @hookimpl
+        def register_observers(self, register):
+            register(self)
+
+        def on_node_start(self, node):
+            pass
+
+        def on_node_end(self, node, outputs):
+            addresses[-1][node.outputs[0]] = outputs[0].__array_interface__["data"][0]
+
+    with use_plugins(Where()):
+        sess = InferenceSession(conv_model(), passes="none")
+        x = np.random.default_rng(0).standard_normal((2, 3, 16, 16)).astype(np.float32)
+        for _ in range(3):
+            addresses.append({})
+            sess.run(None, {"x": x})
+    lo = sess._arena.__array_interface__["data"][0]
+    hi = lo + sess._arena.nbytes
+    backed = [n for n in addresses[1] if addresses[1][n] == addresses[2][n] and lo <= addresses[1][n] < hi]
+    out_steps = [sp.outs[0] for sp in sess.specs if sp.kernel.out and sp.outs[0] not in sess._graph_outputs]
+    slot_names = {s: n for n, s in sess.slots.items()}
+    assert out_steps, "no installed kernel declares out=True"
+    assert sorted(backed) == sorted(slot_names[s] for s in out_steps)
