@@ -10,6 +10,8 @@ Public API for plugin authors (imports nothing heavy; hypothesis loads with
   tolerance per dtype, valid graph, idempotent); `verify_pass`,
   `verify_pipeline`: the hypothesis-driven properties the suite runs,
   including "the pass really fires on its target strategy".
+- `minfer_core.testing.ops`: one op at a time: `single_node_model`,
+  `assert_node_matches_onnxruntime` (onnxruntime as the oracle), `call_kernel`.
 - The suite as a pytest option: ``pytest --minfer-passes`` checks every
   installed pass, ``pytest --minfer-passes=my-plugin`` only that plugin's
   (plus the whole pipeline). Profiles: ``--hypothesis-profile=minfer-ci``

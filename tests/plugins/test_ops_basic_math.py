@@ -20,6 +20,7 @@ from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
 from minfer_core import KernelContext
+from minfer_core.testing.ops import assert_node_matches_onnxruntime, call_kernel
 from minfer_ops_basic import activation, cast, elementwise, linalg, logic, nn, reduce
 
 ort = pytest.importorskip("onnxruntime")
@@ -29,38 +30,13 @@ KERNELS = [k for m in MODULES for k in m.KERNELS]
 
 
 def call(op_type, opset, *inputs, **attrs):
-    """Call the kernel the engine would pick for this opset, preparing it first when needed."""
-    k = max((k for k in KERNELS if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
-    if not k.prepare:
-        return k.fn(*inputs, **attrs)
-    n = len(inputs)
-    ctx = KernelContext("n", op_type, opset, (None,) * n, (None,), (None,) * n, 1)
-    return k.fn(ctx, **attrs)(*inputs)
-
-
-def single_node(op_type, opset, inputs, attrs=None, num_outputs=1):
-    """A one-node model whose inputs i0.. are graph inputs (None leaves an input out)."""
-    names = ["" if x is None else f"i{i}" for i, x in enumerate(inputs)]
-    node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], **(attrs or {}))
-    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for n, x in zip(names, inputs) if n]
-    outs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
-    model = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10  # onnxruntime refuses the IR version onnx 1.23 stamps
-    return model, {n: x for n, x in zip(names, inputs) if n}
+    """Call the kernel the engine would pick for this opset."""
+    return call_kernel(KERNELS, op_type, opset, *inputs, **attrs)
 
 
 def assert_matches_ort(op_type, opset, inputs, attrs=None, num_outputs=1, rtol=1e-5, atol=1e-6):
-    """minfer's backend and onnxruntime agree on every output (dtype, shape, values)."""
-    from minfer_core import backend
-
-    model, feeds = single_node(op_type, opset, inputs, attrs, num_outputs)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = backend.prepare(model).run(feeds)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
-        np.testing.assert_allclose(g.astype(np.float64), w.astype(np.float64), rtol=rtol, atol=atol)
+    """minfer and onnxruntime agree on every output (dtype, shape, values)."""
+    assert_node_matches_onnxruntime(op_type, opset, inputs, attrs, num_outputs, rtol=rtol, atol=atol)
 
 
 RNG = np.random.default_rng(0)

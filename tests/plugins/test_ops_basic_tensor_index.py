@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import helper
 
+from minfer_core.testing.ops import assert_node_matches_onnxruntime
 from minfer_ops_basic import detection, indexing, signal
 
 ort = pytest.importorskip("onnxruntime")
@@ -27,23 +28,8 @@ def call(op_type, opset, *inputs, **attrs):
 
 
 def assert_matches_ort(op_type, opset, inputs, attrs=None, num_outputs=1, rtol=1e-5, atol=1e-6):
-    """minfer's backend and onnxruntime agree on every output of one node (dtype, shape, values)."""
-    from minfer_core import backend
-
-    names = ["" if x is None else f"i{i}" for i, x in enumerate(inputs)]
-    node = helper.make_node(op_type, names, [f"o{i}" for i in range(num_outputs)], **(attrs or {}))
-    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(x.dtype), x.shape) for n, x in zip(names, inputs) if n]
-    outs = [helper.make_empty_tensor_value_info(f"o{i}") for i in range(num_outputs)]
-    model = helper.make_model(helper.make_graph([node], "g", ins, outs), opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10  # onnxruntime refuses the IR version onnx 1.23 stamps
-    feeds = {n: x for n, x in zip(names, inputs) if n}
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    want = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feeds)
-    got = backend.prepare(model).run(feeds)
-    for g, w in zip(got, want):
-        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
-        np.testing.assert_allclose(g, w, rtol=rtol, atol=atol)
+    """minfer and onnxruntime agree on every output of one node (dtype, shape, values)."""
+    assert_node_matches_onnxruntime(op_type, opset, inputs, attrs, num_outputs, rtol=rtol, atol=atol)
 
 
 def i64(*v):
