@@ -24,7 +24,7 @@ class Case:
 
     name: str
     model: bytes
-    data_sets: list[tuple[list[Any], list[Any]]]
+    data_sets: list[Any]
     rtol: float
     atol: float
 
@@ -54,7 +54,7 @@ def load_cases() -> list[Case]:
     with warnings.catch_warnings(), np.errstate(all="ignore"):
         warnings.simplefilter("ignore")
         raw = collect_testcases()
-    cases = [Case(c.name, c.model.SerializeToString(), c.data_sets, c.rtol, c.atol) for c in raw if c.model is not None]
+    cases = [Case(c.name, c.model.SerializeToString(), list(c.data_sets or []), c.rtol, c.atol) for c in raw if c.model is not None]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".partial")
     tmp.write_bytes(pickle.dumps(cases))

@@ -49,7 +49,7 @@ def function_body(graph: Graph, node: Node) -> onnx.FunctionProto | None:
     opset = graph.opsets.get(node.domain)
     if opset is None or not onnx.defs.has(node.op_type, node.domain):
         return None
-    schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+    schema: Any = onnx.defs.get_schema(node.op_type, opset, node.domain)  # onnx's stubs lack the function APIs
     plain = [v for v in schema.function_opset_versions if v <= opset]
     contextual = [v for v in schema.context_dependent_function_opset_versions if v <= opset]
     if contextual and (not plain or max(contextual) >= max(plain)):

@@ -19,6 +19,10 @@ from .errors import InvalidGraphError
 from .tensor import TensorType
 
 
+def _names(values: Iterable[str]) -> tuple[str, ...]:
+    return tuple(values)
+
+
 @attrs.define(eq=False, repr=False)
 class Node:
     """One operator application: ``outputs = domain::op_type(inputs; attrs)``.
@@ -27,8 +31,8 @@ class Node:
     """
 
     op_type: str
-    inputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
-    outputs: tuple[str, ...] = attrs.field(converter=tuple, default=())
+    inputs: tuple[str, ...] = attrs.field(converter=_names, default=())
+    outputs: tuple[str, ...] = attrs.field(converter=_names, default=())
     attrs: dict[str, Any] = attrs.field(factory=dict)
     name: str = ""
     domain: str = ""

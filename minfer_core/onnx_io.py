@@ -291,9 +291,7 @@ def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
     t = graph.type_of(name)
     if t is None:
         return helper.make_empty_tensor_value_info(name)
-    shape = None if t.shape is None else [d if d is not None else "" for d in t.shape]
-    if shape is not None:
-        shape = [None if d == "" else d for d in shape]
+    shape = None if t.shape is None else list(t.shape)
     return helper.make_tensor_value_info(name, elem_type_of(t.dtype), shape)
 
 
@@ -310,7 +308,7 @@ def _schema_attr_types(node: Node, opsets: dict[str, int]) -> dict[str, int]:
         schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
     except Exception:
         return {}
-    return {name: int(a.type) for name, a in schema.attributes.items()}
+    return {name: int(a.type) for name, a in schema.attributes.items()}  # type: ignore[call-overload]  # pybind enum
 
 
 def _make_attribute(key: str, value: Any, kind: int | None, opsets: dict[str, int]) -> AttributeProto:

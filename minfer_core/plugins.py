@@ -239,8 +239,7 @@ class PluginSet:
                     impl.function(register=_collector(reg, name, hook, got))
                 except Exception as exc:
                     self._fail(name, exc)
-        for name in self.pm.list_name_plugin():
-            plugin_name = name[0]
+        for plugin_name, _plugin in self.pm.list_name_plugin():
             got = contributed.get(plugin_name, {})
             dist, version = self.dists.get(plugin_name, (None, None))
             reg.plugins[plugin_name] = PluginInfo(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Any, Iterable, Union
 
 import attrs
 import numpy as np
@@ -11,14 +11,14 @@ Dim = Union[int, str, None]
 """A dimension: a known size, a symbolic name shared across values, or None (unknown)."""
 
 
-def _as_dtype(value: object) -> np.dtype:
-    return np.dtype(value)  # type: ignore[arg-type]
+def _as_dtype(value: Any) -> np.dtype:
+    return np.dtype(value)
 
 
-def _as_shape(value: object) -> tuple[Dim, ...] | None:
+def _as_shape(value: Iterable[Any] | None) -> tuple[Dim, ...] | None:
     if value is None:
         return None
-    return tuple(d if (d is None or isinstance(d, str)) else int(d) for d in value)  # type: ignore[union-attr]
+    return tuple(d if (d is None or isinstance(d, str)) else int(d) for d in value)
 
 
 @attrs.frozen

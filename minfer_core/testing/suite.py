@@ -23,7 +23,7 @@ def _usable(check: Any, *args: Any, **kw: Any) -> Any:
     except UnusableExample:
         reject()
 
-PROFILES = {
+PROFILES: dict[str, dict[str, Any]] = {
     "minfer-ci": dict(max_examples=25, derandomize=True),
     "minfer-nightly": dict(max_examples=500),
 }
