@@ -35,7 +35,7 @@ def conv_layers(name: str, batch: int) -> list[dict[str, Any]]:
         if node.op_type != "Conv":
             continue
         x_t = graph.type_of(node.inputs[0])
-        w = graph.initializers[node.inputs[1]]
+        w = graph.type_of(node.inputs[1])
         key = (tuple(x_t.shape), w.shape, tuple(sorted((k, str(v)) for k, v in node.attrs.items())))
         entry = seen.setdefault(key, {"x": tuple(x_t.shape), "w": w.shape, "attrs": dict(node.attrs), "count": 0,
                                       "y": tuple(graph.type_of(node.outputs[0]).shape)})

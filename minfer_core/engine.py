@@ -116,6 +116,7 @@ class Engine:
             self.specs.append(self._bind_node(node))
             self.step_nodes.append(node)
         self._template = template
+        self.released = self._release_packed()
         self._free_after = self._liveness(order)
         self.steps: list[Step] = [
             (sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free) for sp, free in zip(self.specs, self._free_after)
@@ -149,6 +150,26 @@ class Engine:
         except Exception as exc:
             raise KernelError(f"{node.label}: kernel {kern.op_type}-{kern.since} from {kern.plugin} failed to prepare: {exc}") from exc
         return StepSpec(kern, fn, ins, outs)
+
+    def _release_packed(self) -> list[str]:
+        """Drop initializers that every reader pre-packed (``Kernel.packed``): weights are then held once.
+
+        Their slots read None at run time; their types stay in ``graph.types``.
+        """
+        readers: dict[int, list[bool]] = {}
+        for sp in self.specs:
+            for n, slot in enumerate(sp.ins):
+                readers.setdefault(slot, []).append(n in sp.kernel.packed and sp.kernel.prepare)
+        released = []
+        outputs = set(self.graph.outputs)
+        for name, value in list(self.graph.initializers.items()):
+            slot = self.slots[name]
+            if name not in outputs and readers.get(slot) and all(readers[slot]):
+                self.graph.types[name] = TensorType(value.dtype, value.shape)
+                del self.graph.initializers[name]
+                self._template[slot] = None
+                released.append(name)
+        return released
 
     def _liveness(self, order: list[Node]) -> list[tuple[int, ...]]:
         """Per step, the slots whose value nothing reads afterwards (dropped to bound memory)."""

@@ -23,6 +23,10 @@ array of the output's shape and dtype) and writes its single output there;
 ``inplace=(0,)`` says that ``out`` may be the very array passed as input 0
 (elementwise ops); ``views=False`` promises the outputs never share memory
 with the inputs (``True``: they may; ``None``: unknown, the engine observes).
+A preparing kernel may also declare ``packed=(1, 2)``: it copied (pre-packed)
+those inputs from ``ctx.constants`` at build time and its run callable
+ignores them, so when no other node reads such an initializer the engine
+frees it and passes None there (weights are then held once, not twice).
 
 The decorators only annotate: they return frozen records and register
 nothing; a plugin hands the records to ``register`` in its hook.
@@ -58,6 +62,7 @@ class Kernel:
     out: bool = False
     inplace: tuple[int, ...] = attrs.field(default=(), converter=tuple)
     views: bool | None = None
+    packed: tuple[int, ...] = attrs.field(default=(), converter=tuple)
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -85,17 +90,23 @@ def kernel(
     out: bool = False,
     inplace: Sequence[int] = (),
     views: bool | None = None,
+    packed: Sequence[int] = (),
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on.
 
-    ``out``, ``inplace`` and ``views`` are the memory-planner declarations
+    ``out``, ``inplace``, ``views`` and ``packed`` are the memory declarations
     described in the module docstring and docs/kernel-contract.md.
     """
     if inplace and not out:
         raise ValueError(f"kernel {op_type}: inplace=... needs out=True (in-place means writing into out)")
+    if packed and not prepare:
+        raise ValueError(f"kernel {op_type}: packed=... needs prepare=True (only a factory can capture constants)")
 
     def wrap(fn: Callable[..., Any]) -> Kernel:
-        return Kernel(op_type, fn, domain, since, provider, priority, prepare, out=out, inplace=tuple(inplace), views=views)
+        return Kernel(
+            op_type, fn, domain, since, provider, priority, prepare,
+            out=out, inplace=tuple(inplace), views=views, packed=tuple(packed),
+        )
 
     return wrap
 

@@ -59,6 +59,17 @@ def flat(x):
     return x.reshape(-1)
 
 
+@kernel("ScaleBy", domain=DOMAIN, prepare=True, packed=(1,))
+def scale_by(ctx):
+    """ScaleBy: x * w with the constant w copied at build time (so the engine may free the original)."""
+    w = np.array(ctx.constants[1], copy=True)
+
+    def run(x, _w=None):
+        return x * w  # _w: None once the engine freed the original, else the same constant
+
+    return run
+
+
 def _flat_infer(t, **_):
     from minfer_core import TensorType
 
@@ -73,11 +84,11 @@ class OutPlugin:
     @hookimpl
     def register_ops(self, register):
         register(op("AddOut", domain=DOMAIN), op("ReluOut", domain=DOMAIN), op("Twice", domain=DOMAIN))
-        register(op("Flat", domain=DOMAIN, infer=_flat_infer))
+        register(op("Flat", domain=DOMAIN, infer=_flat_infer), op("ScaleBy", domain=DOMAIN))
 
     @hookimpl
     def register_kernels(self, register):
-        register(add_out, relu_out, twice, flat)
+        register(add_out, relu_out, twice, flat, scale_by)
 
 
 def node(op_type: str, inputs: list[str], outputs: list[str], name: str) -> Any:

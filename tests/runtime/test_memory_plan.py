@@ -226,3 +226,22 @@ def test_real_kernels_write_into_the_same_arena_buffers_each_run():
     slot_names = {s: n for n, s in sess.slots.items()}
     assert out_steps, "no installed kernel declares out=True"
     assert sorted(backed) == sorted(slot_names[s] for s in out_steps)
+
+
+def test_weights_packed_by_every_reader_are_released(out_plugin):
+    """An initializer that all its readers pre-packed (Kernel.packed) is freed; one also read plainly is kept."""
+    nodes = [
+        node("ScaleBy", ["x", "w"], ["a"], "s1"),
+        node("ScaleBy", ["a", "w"], ["b"], "s2"),
+        node("ScaleBy", ["b", "v"], ["c"], "s3"),
+        node("AddOut", ["c", "v"], ["y"], "add"),
+    ]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [N], np.full(N, 2.0, np.float32).tolist())
+    v = helper.make_tensor("v", TensorProto.FLOAT, [N], np.full(N, 3.0, np.float32).tolist())
+    model = make_model(nodes, [tensor("x", [N, N])], [tensor("y", [N, N])], [w, v], extra_opsets=[ok.opset()])
+    sess = InferenceSession(model)
+    assert sess.released == ["w"] and "v" in sess.graph.initializers
+    assert sess.graph.type_of("w").shape == (N,) and sess._template[sess.slots["w"]] is None
+    x = _feed(0)
+    for _ in range(2):
+        np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 12 + 3, rtol=1e-6)
