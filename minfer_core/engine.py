@@ -203,22 +203,22 @@ class Engine:
         for n in names:
             if n not in self.slots:
                 raise BadFeedError(f"unknown output {n!r}; the model's outputs are {self.graph.outputs}")
+        return self._run(names, feeds, intermediate, self.observers)
+
+    def _run(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any]) -> Any:
         vals = list(self._template)
         sig = self._check_feeds(feeds, vals)
         previous = set_blas_threads(self.threads) if self.threads else None
         try:
-            return self._run(names, sig, vals, intermediate)
+            if intermediate:
+                self._execute(vals, self._unfreed, observers)
+                outputs = [vals[self.slots[n]] for n in names]
+                return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
+            self._run_signature(sig, vals, observers)
+            return [vals[self.slots[n]] for n in names]
         finally:
             if previous is not None and previous != self.threads:
                 set_blas_threads(previous)
-
-    def _run(self, names: list[str], sig: Signature, vals: list[Any], intermediate: bool) -> Any:
-        if intermediate:
-            self._execute(vals, self._unfreed, self.observers)
-            outputs = [vals[self.slots[n]] for n in names]
-            return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
-        self._run_signature(sig, vals, self.observers)
-        return [vals[self.slots[n]] for n in names]
 
     def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
         if not self._arena_lock.acquire(blocking=False):

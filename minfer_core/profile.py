@@ -91,11 +91,10 @@ def profile_engine(engine: Any, feeds: Mapping[str, Any], path: str | os.PathLik
     engine.run(None, feeds)  # plan this signature first, so the trace shows the steady state
     prof = TraceProfiler()
     observers = list(engine.observers) + [prof]
+    names = list(engine.graph.outputs)
     for _ in range(max(1, repeat)):
-        vals = list(engine._template)
-        sig = engine._check_feeds(feeds, vals)
         t0 = prof._now_us()
-        engine._run_signature(sig, vals, observers)
+        engine._run(names, feeds, False, observers)
         prof.session_event("model_run", t0, prof._now_us() - t0)
     doc = prof.trace()
     if path is not None:
