@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from importlib import metadata, resources
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import attrs
 import pluggy
@@ -276,9 +278,27 @@ def plugin_set() -> PluginSet:
     return _CURRENT
 
 
+_ACTIVE: ContextVar[Registry | None] = ContextVar("minfer_active_registry", default=None)
+
+
 def get_registry() -> Registry:
-    """The process-wide Registry of ops, kernels, passes and observers."""
-    return plugin_set().registry
+    """The Registry in use: the one an engine is building with, else the process-wide one.
+
+    Passes and preparing kernels call this during a build; inside
+    `active_registry` they see the engine's registry, not the global one.
+    """
+    active = _ACTIVE.get()
+    return active if active is not None else plugin_set().registry
+
+
+@contextmanager
+def active_registry(registry: Registry) -> Iterator[Registry]:
+    """Make ``registry`` what `get_registry` returns for the duration of the block."""
+    token = _ACTIVE.set(registry)
+    try:
+        yield registry
+    finally:
+        _ACTIVE.reset(token)
 
 
 class use_plugins:

@@ -140,3 +140,14 @@ def test_first_party_plugins_are_installed():
     for dist in ("minfer-ops-basic", "minfer-ops-conv", "minfer-passes"):
         assert dist in plugins and plugins[dist].error is None
     assert "Conv" in plugins["minfer-ops-conv"].ops and "Relu" in plugins["minfer-ops-basic"].ops
+
+
+def test_active_registry_is_what_get_registry_returns_inside_a_build():
+    """Inside active_registry, get_registry (used by passes and kernels) returns that registry."""
+    from minfer_core import get_registry
+    from minfer_core.plugins import Registry, active_registry
+
+    custom = Registry()
+    with active_registry(custom):
+        assert get_registry() is custom
+    assert get_registry() is not custom
