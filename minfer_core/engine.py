@@ -25,7 +25,7 @@ from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
 from .runloop import StepFailure, execute, execute_observed, execute_watching
 from .threads import set_blas_threads
-from .plugins import Registry, get_registry, provider_hint
+from .plugins import Registry, active_registry, get_registry, provider_hint
 from .tensor import TensorType
 
 
@@ -81,14 +81,16 @@ class Engine:
         self.threads = threads  # numpy BLAS threads during run(); None leaves numpy's setting alone
         graph = model.copy() if isinstance(model, Graph) else load_model(model)
         graph.validate()
-        self.pass_results = optimize(graph, self.registry, passes, disabled_passes)
-        self.inference_failures = infer_types(graph, self.registry)
-        if expand_functions(graph, self.registry, provider):
-            # expanded bodies bring new values: annotate them too
+        # passes and preparing kernels look kernels up through get_registry(): show them ours
+        with active_registry(self.registry):
+            self.pass_results = optimize(graph, self.registry, passes, disabled_passes)
             self.inference_failures = infer_types(graph, self.registry)
-        self.graph = graph
-        self.provider = provider
-        self._bind()
+            if expand_functions(graph, self.registry, provider):
+                # expanded bodies bring new values: annotate them too
+                self.inference_failures = infer_types(graph, self.registry)
+            self.graph = graph
+            self.provider = provider
+            self._bind()
 
     # ---- build -----------------------------------------------------------
 
