@@ -35,7 +35,7 @@ RESULTS = Path(__file__).parent / "results"
 Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
-def make_session(engine: str, blob: bytes, threads: int = 2) -> tuple[Runner, dict[str, np.ndarray]]:
+def make_session(engine: str, blob: bytes, threads: int | str = 2) -> tuple[Runner, dict[str, np.ndarray]]:
     """A run callable for ``engine`` ("minfer", "onnxruntime", "reference") and random feeds for the model.
 
     ``threads`` is onnxruntime's intra-op thread count and minfer's BLAS thread count.
@@ -50,7 +50,7 @@ def make_session(engine: str, blob: bytes, threads: int = 2) -> tuple[Runner, di
         sess = minfer_core.InferenceSession(model, threads=threads)
         return (lambda f: sess.run(None, f)), feeds
     if engine == "onnxruntime":
-        sess = ort_session(blob, threads)
+        sess = ort_session(blob, threads if isinstance(threads, int) else 2)
         return (lambda f: sess.run(None, f)), feeds
     if engine == "reference":
         from onnx.reference import ReferenceEvaluator
@@ -156,7 +156,7 @@ def _memory_plan(run: Runner, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def memprobe(engine: str, name: str, batch: int, runs: int = 3, threads: int = 2) -> dict[str, Any]:
+def memprobe(engine: str, name: str, batch: int, runs: int = 3, threads: int | str = 2) -> dict[str, Any]:
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, "-m", "bench.memprobe", engine, name, str(batch), str(runs), str(threads)],
@@ -265,7 +265,7 @@ def run_benchmark(
     repeat: int = 5,
     rounds: int = 3,
     threads: int = 2,
-    minfer_threads: int | None = None,
+    minfer_threads: int | str | None = "auto",
     ref: bool = True,
     ref_repeat: int = 1,
     memory: bool = True,

@@ -36,7 +36,7 @@ def _reset_hwm() -> bool:
         return False
 
 
-def probe(engine: str, name: str, batch: int, runs: int, threads: int = 2) -> dict[str, float | bool | str]:
+def probe(engine: str, name: str, batch: int, runs: int, threads: int | str = 2) -> dict[str, float | bool | str]:
     from bench.benchmark import make_session
     from bench.models import build
 
@@ -70,7 +70,8 @@ def probe(engine: str, name: str, batch: int, runs: int, threads: int = 2) -> di
 
 def main() -> None:
     engine, name, batch, runs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+    threads: int | str = sys.argv[5] if len(sys.argv) > 5 else 2
+    threads = int(threads) if str(threads).isdigit() else threads
     print(json.dumps(probe(engine, name, batch, runs, threads)))
 
 

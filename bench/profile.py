@@ -21,7 +21,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("model", choices=models())
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=lambda t: t if t == "auto" else int(t), default=2, help="a count or auto")
     parser.add_argument("--out", default="trace.json")
     args = parser.parse_args(argv)
     model = build(args.model, args.batch)

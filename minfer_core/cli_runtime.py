@@ -37,12 +37,17 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating minfer/onnxruntime rounds")
-    parser.add_argument("--threads", type=int, default=2, help="onnxruntime's intra-op threads (and minfer's, by default)")
-    parser.add_argument("--minfer-threads", type=int, default=None, help="numpy BLAS threads for minfer (default: --threads)")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime's intra-op threads")
+    parser.add_argument("--minfer-threads", type=_thread_count, default="auto",
+                        help="numpy BLAS threads for minfer: a count or 'auto' (default; see minfer_core.threads)")
     parser.add_argument("--ref-repeat", type=int, default=1, help="timed ReferenceEvaluator runs")
     parser.add_argument("--no-ref", action="store_true", help="skip the ReferenceEvaluator")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
     parser.add_argument("--json", default=None, help="where to write the results (default bench/results/latest.json)")
+
+
+def _thread_count(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
 def _with_profile(original: Callable[[argparse.Namespace], int] | None) -> Callable[[argparse.Namespace], int]:

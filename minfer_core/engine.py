@@ -24,7 +24,7 @@ from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
 from .runloop import StepFailure, execute, execute_observed, execute_watching
-from .threads import set_blas_threads
+from .threads import AutoThreads, set_blas_threads
 from .plugins import Registry, active_registry, get_registry, provider_hint
 from .tensor import TensorType
 
@@ -75,10 +75,13 @@ class Engine:
         disabled_passes: Iterable[str] = (),
         registry: Registry | None = None,
         provider: str = DEFAULT_PROVIDER,
-        threads: int | None = None,
+        threads: int | str | None = "auto",
     ) -> None:
         self.registry = registry or get_registry()
-        self.threads = threads  # numpy BLAS threads during run(); None leaves numpy's setting alone
+        # numpy BLAS threads during run(): a count, "auto" (all cores unless other processes keep one
+        # busy: see threads.AutoThreads), or None to leave numpy's setting alone
+        self.threads = threads
+        self._auto = AutoThreads() if threads == "auto" else None
         graph = model.copy() if isinstance(model, Graph) else load_model(model)
         graph.validate()
         # passes and preparing kernels look kernels up through get_registry(): show them ours
@@ -210,7 +213,8 @@ class Engine:
     def _run(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any]) -> Any:
         vals = list(self._template)
         sig = self._check_feeds(feeds, vals)
-        previous = set_blas_threads(self.threads) if self.threads else None
+        want = self._auto.choose() if self._auto is not None else self.threads
+        previous = set_blas_threads(want) if want else None
         try:
             if intermediate:
                 self._execute(vals, self._unfreed, observers)
@@ -219,7 +223,7 @@ class Engine:
             self._run_signature(sig, vals, observers)
             return [vals[self.slots[n]] for n in names]
         finally:
-            if previous is not None and previous != self.threads:
+            if previous is not None and previous != want:
                 set_blas_threads(previous)
 
     def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
@@ -356,7 +360,8 @@ class InferenceSession(Engine):
 
     ``sess_options`` and ``providers`` are accepted for compatibility; of the
     options only ``intra_op_num_threads`` is honoured (as numpy's BLAS thread
-    count during runs, like ``threads=``).
+    count during runs, like ``threads=``; the default "auto" uses every core
+    unless other processes keep one busy).
     """
 
     def __init__(
@@ -368,10 +373,10 @@ class InferenceSession(Engine):
         passes: PassSelection = "all",
         disabled_passes: Iterable[str] = (),
         registry: Registry | None = None,
-        threads: int | None = None,
+        threads: int | str | None = "auto",
         **_ignored: Any,
     ) -> None:
-        if threads is None and getattr(sess_options, "intra_op_num_threads", 0):
+        if getattr(sess_options, "intra_op_num_threads", 0):
             threads = int(sess_options.intra_op_num_threads)
         super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry, threads=threads)
 

@@ -94,3 +94,18 @@ def test_threads_apply_during_runs_only():
         assert seen == [1, 1] and get_blas_threads() == 2
     finally:
         set_blas_threads(before)
+
+
+def test_auto_threads_drop_to_one_while_other_processes_are_busy(monkeypatch):
+    """AutoThreads uses every core on an idle machine and one while other processes keep a core busy."""
+    import minfer_core.threads as threads_mod
+
+    clock = iter(float(t) for t in range(100))
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    samples = iter([(0, 0), (1.0, 1.0), (2.0, 2.0), (3.9, 2.9), (5.8, 3.8), (7.7, 4.7), (8.7, 5.7), (9.7, 6.7)])
+    monkeypatch.setattr(threads_mod, "_cpu_sample", lambda: next(samples))
+    auto = threads_mod.AutoThreads(2)
+    idle = [auto.choose() for _ in range(3)]  # only this process was busy
+    busy = [auto.choose() for _ in range(3)]  # others kept ~0.9 of a core busy
+    calm = [auto.choose() for _ in range(2)]
+    assert idle == [2, 2, 2] and busy[-1] == 1 and calm[-1] == 2
