@@ -24,14 +24,19 @@ def pick_kernel(op_type: str, opset: int):
 
 
 def run_kernel(op_type, opset, inputs, attrs, *, constant_weights=True, num_outputs=1):
-    """Call a kernel as the engine does: the factory once (weights as constants), then the callable."""
+    """Call a kernel as the engine does: the factory once (weights as constants), then the callable.
+
+    With constant weights, inputs the kernel declares ``packed`` reach the callable as None.
+    """
     k = pick_kernel(op_type, opset)
     if not k.prepare:
         return k.fn(*inputs, **attrs)
     consts = tuple(a if (i > 0 and constant_weights) else None for i, a in enumerate(inputs))
     types = tuple(None if a is None else TensorType(a.dtype, a.shape) for a in inputs)
     ctx = KernelContext("n", op_type, opset, types, (None,) * num_outputs, consts, num_outputs)
-    return k.fn(ctx, **attrs)(*inputs)
+    # inputs the kernel declares packed are dropped by the engine once packed: pass None, as it does
+    args = [None if (i in k.packed and consts[i] is not None) else a for i, a in enumerate(inputs)]
+    return k.fn(ctx, **attrs)(*args)
 
 
 def run_ort(op_type, opset, inputs, attrs, num_outputs=1, out_types=()):

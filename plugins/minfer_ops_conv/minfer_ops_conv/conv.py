@@ -131,11 +131,18 @@ def plan_for(w: geo.Window, p: Packed, channels: int) -> Plan:
     return _im2col(w)
 
 
-@kernel("Conv", since=1, prepare=True, out=True, views=False)
+def _bias_column(b: np.ndarray, rank: int, dtype: np.dtype) -> np.ndarray:
+    """Bias shaped (M, 1, ..., 1) to broadcast over the spatial dims, in the output dtype."""
+    return b.reshape((-1,) + (1,) * rank).astype(dtype, copy=False)
+
+
+@kernel("Conv", since=1, prepare=True, out=True, views=False, packed=(1, 2))
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22: N-D grouped convolution; weights pre-packed, method chosen per input shape."""
-    consts = ctx.constants
-    fixed = pack(consts[1], group, build_time=True) if len(consts) > 1 and consts[1] is not None else None
+    consts = tuple(ctx.constants) + (None,) * 3
+    fixed = pack(consts[1], group, build_time=True) if consts[1] is not None else None
+    # constants are kept here (packed=(1, 2)), so the engine may drop the initializers and pass None
+    fixed_bias = consts[2]
     plans: dict[tuple[int, ...], tuple[Plan, tuple[int, ...]]] = {}
 
     def run(x, w, b=None, *, out=None):
@@ -148,8 +155,9 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         plan, out_shape = plans[key]
         y = out if out is not None else np.empty((x.shape[0], p.out_channels) + out_shape, dtype=x.dtype)
         plan(x, p, y)
-        if b is not None:
-            y += b.reshape((-1,) + (1,) * (y.ndim - 2)).astype(y.dtype, copy=False)
+        bias = fixed_bias if fixed_bias is not None else b
+        if bias is not None:
+            y += _bias_column(bias, y.ndim - 2, y.dtype)
         return y
 
     return run

@@ -47,23 +47,24 @@ def _transpose_pads(in_shape, kernel, strides, dilations, pads, auto_pad, output
     return p[:n], [f - b - e for f, b, e in zip(full, p[:n], p[n:])]
 
 
-@kernel("ConvTranspose", since=1, prepare=True)
+@kernel("ConvTranspose", since=1, prepare=True, packed=(1, 2))
 def conv_transpose(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, output_padding=None,
                    output_shape=None, pads=None, strides=None):
     """ConvTranspose-1/11/22: the GEMM W^T @ X per group, then a col2im scatter-add and crop."""
-    consts = ctx.constants
-    fixed = _pack(consts[1], group) if len(consts) > 1 and consts[1] is not None else None
+    consts = tuple(ctx.constants) + (None,) * 3
+    # constant weights and bias are kept here (packed=(1, 2)): run never reads them then
+    fixed = _pack(consts[1], group) if consts[1] is not None else None
+    fixed_bias = consts[2]
 
     def run(x, w, b=None):
-        wt = fixed if fixed is not None else _pack(w, group)
+        wt, kernel, mg = fixed if fixed is not None else _pack(w, group)
+        b = fixed_bias if fixed_bias is not None else b
         rank = x.ndim - 2
-        kernel = w.shape[2:]
         st = strides or [1] * rank
         dil = dilations or [1] * rank
         opad = output_padding or [0] * rank
         begin, out_shape = _transpose_pads(x.shape[2:], kernel, st, dil, pads, auto_pad, opad, output_shape)
         n, c = x.shape[:2]
-        mg = w.shape[1]
         xs = x.reshape(n, group, c // group, -1)
         cols = np.stack([np.matmul(wt, xs[i]) for i in range(n)])  # (N, G, Mg*K, P)
         cols = cols.reshape((n, group * mg) + tuple(kernel) + x.shape[2:])
@@ -81,10 +82,10 @@ def conv_transpose(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sh
     return run
 
 
-def _pack(w: np.ndarray, group: int) -> np.ndarray:
-    """W[C, M/G, *k] as per-group (M/G * prod(k), C/G) matrices: the GEMM's left operand."""
+def _pack(w: np.ndarray, group: int) -> tuple[np.ndarray, tuple[int, ...], int]:
+    """W[C, M/G, *k] as per-group (M/G * prod(k), C/G) matrices (the GEMM's left operand), kernel, M/G."""
     c = w.shape[0]
-    return np.ascontiguousarray(w.reshape(group, c // group, -1).transpose(0, 2, 1))
+    return np.ascontiguousarray(w.reshape(group, c // group, -1).transpose(0, 2, 1)), tuple(w.shape[2:]), w.shape[1]
 
 
 @kernel("Col2Im", since=18)
