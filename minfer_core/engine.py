@@ -126,7 +126,7 @@ class Engine:
         self.steps: list[Step] = [
             (sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free) for sp, free in zip(self.specs, self._free_after)
         ]
-        self._unfreed = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
+        self._unfreed: list[Step] = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
         self._intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
         self._graph_outputs = frozenset(self.slots[n] for n in graph.outputs)
         self._aliases: list[frozenset[tuple[int, int]]] = [frozenset() for _ in self.specs]
@@ -213,7 +213,7 @@ class Engine:
     def _run(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any]) -> Any:
         vals = list(self._template)
         sig = self._check_feeds(feeds, vals)
-        want = self._auto.choose() if self._auto is not None else self.threads
+        want = self._auto.choose() if self._auto is not None else self.threads if isinstance(self.threads, int) else None
         previous = set_blas_threads(want) if want else None
         try:
             if intermediate:

@@ -35,7 +35,7 @@ nothing; a plugin hands the records to ``register`` in its hook.
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import attrs
 import numpy as np
@@ -43,6 +43,10 @@ import numpy as np
 from .tensor import TensorType
 
 DEFAULT_PROVIDER = "numpy"
+
+
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(int(v) for v in values)
 
 
 @attrs.frozen
@@ -60,9 +64,9 @@ class Kernel:
     # Memory-planner declarations (see the module docstring); appended last so
     # positional construction by older code keeps working.
     out: bool = False
-    inplace: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    inplace: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     views: bool | None = None
-    packed: tuple[int, ...] = attrs.field(default=(), converter=tuple)
+    packed: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -105,7 +109,7 @@ def kernel(
     def wrap(fn: Callable[..., Any]) -> Kernel:
         return Kernel(
             op_type, fn, domain, since, provider, priority, prepare,
-            out=out, inplace=tuple(inplace), views=views, packed=tuple(packed),
+            out=out, inplace=inplace, views=views, packed=packed,
         )
 
     return wrap

@@ -33,6 +33,9 @@ Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[in
 
 Observed = tuple[tuple[int, ...], np.dtype]
 
+# a Step whose callable may still await its arena buffer (see bind_buffers)
+PendingStep = tuple[Any, tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
+
 
 @attrs.define
 class StepSpec:
@@ -48,7 +51,7 @@ class StepSpec:
 class Plan:
     """A memory plan and bound run loop for one input-shape signature."""
 
-    steps: list[Step]
+    steps: list[PendingStep]
     buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # slot -> (offset, shape, dtype) in the arena
     arena_bytes: int
     report: dict[str, Any]
@@ -126,11 +129,11 @@ def build_plan(inp: PlanInput) -> Plan:
             if shared:
                 continue
             if writes_out and static is not None:
-                src = _inplace_source(spec, static, resident, roots, sets, ends, i)
-                if src is not None:
-                    join(slot, src)
-                    resident[slot] = resident[src]
-                    outs_bound[i] = resident[src]
+                source = _inplace_source(spec, static, resident, roots, sets, ends, i)
+                if source is not None:
+                    join(slot, source)
+                    resident[slot] = resident[source]
+                    outs_bound[i] = resident[source]
                     inplace_steps.add(i)
                     reused += _nbytes(*static)
                     continue
@@ -208,7 +211,7 @@ def _finish(
     return Plan(steps_, buffers, real.arena_bytes, report)
 
 
-def _bound_step(i: int, spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...]) -> Step:
+def _bound_step(i: int, spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...]) -> PendingStep:
     # the buffer itself is bound later (bind_buffers), once the arena exists
     return (spec.fn, spec.ins, spec.outs[0] if spec.outs else 0, spec.outs, free) if buffer_slot is None else (
         _OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
