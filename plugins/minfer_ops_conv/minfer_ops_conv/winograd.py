@@ -25,10 +25,11 @@ _MATRICES = {
     ),
 }
 
-# measured (OpenBLAS SkylakeX kernels): with fewer tiles per image the skinny GEMMs lose to
-# im2col, and with fewer than ~96 input or output channels the transforms cost more than they save
-MIN_TILES = 36
-MIN_CHANNELS = 96
+# measured with the environment's OpenBLAS Haswell sgemm (single thread, min of runs): Winograd
+# took 0.6-0.9x of im2col's time from 64 channels and 16 tiles up, and lost below 64 channels
+# (1.2x at 32, 1.5x at 16), where the transforms cost more than the multiplies they save
+MIN_TILES = 16
+MIN_CHANNELS = 64
 TILE = 2
 BLOCK_BYTES = 4 << 20
 
