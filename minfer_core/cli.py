@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--passes", default="all", help="pass level: all, extended, basic, none (default all)")
     run.add_argument("--repeat", type=int, default=1, help="run N times and report the median run time")
     run.add_argument("--seed", type=int, default=0)
+    run.add_argument(
+        "--random-weights",
+        action="store_true",
+        help="replace ConstantOfShape weight placeholders (as in the onnx wheel's model-zoo files) by random weights",
+    )
     run.set_defaults(func=cmd_run)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each contributes")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -72,8 +77,13 @@ def _add_optional_commands(sub: Any) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from .engine import InferenceSession
 
+    from .zoo import randomized
+
+    model: Any = model_path(args.model)
+    if args.random_weights:
+        model = randomized(model, seed=args.seed)
     start = time.perf_counter()
-    sess = InferenceSession(model_path(args.model), passes=args.passes)
+    sess = InferenceSession(model, passes=args.passes)
     build = time.perf_counter() - start
     feeds = _feeds(sess, args)
     times, outputs = [], []

@@ -7,7 +7,12 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet --upgrade pip
+log=.venv/setup.log
+echo "setting up .venv (pip output in $log)"
+if ! .venv/bin/python -m pip install --quiet --upgrade pip > "$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
 core=.
 extra=()
 if [ "${1:-}" = "--test" ]; then
@@ -15,4 +20,8 @@ if [ "${1:-}" = "--test" ]; then
   extra=(-e ./examples/minfer_contrib_example)
 fi
 pkgs=(-e "$core" -e ./plugins/minfer_ops_basic -e ./plugins/minfer_ops_conv -e ./plugins/minfer_passes "${extra[@]}")
-.venv/bin/python -m pip install --quiet "${pkgs[@]}"
+if ! .venv/bin/python -m pip install --quiet "${pkgs[@]}" >> "$log" 2>&1; then
+  cat "$log" >&2
+  exit 1
+fi
+echo "installed: $(.venv/bin/python -m pip list 2>/dev/null | grep -E '^minfer' | awk '{print $1}' | tr '\n' ' ')"

@@ -67,3 +67,11 @@ def test_help(argv, capsys):
         code = exc.code
     assert code in (0, 2)
     assert "usage: minfer" in capsys.readouterr().out
+
+
+def test_run_with_random_weights_gives_informative_outputs(capsys):
+    """`--random-weights` replaces the zoo files' placeholder weights, so outputs are no longer all equal."""
+    assert main(["run", "light_squeezenet", "--random-weights"]) == 0
+    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("softmaxout_1"))
+    values = [float(v) for v in line.split("first values")[1].strip(" []").split(",")]
+    assert len(set(values)) > 1
