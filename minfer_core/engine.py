@@ -100,7 +100,8 @@ class Engine:
     def _bind(self) -> None:
         graph, reg = self.graph, self.registry
         order = graph.topological_order()
-        missing = [n for n in order if reg.select_kernel(n.domain, n.op_type, _opset(graph, n), self.provider) is None]
+        kernels = [reg.select_kernel(n.domain, n.op_type, _opset(graph, n), self.provider) for n in order]
+        missing = [n for n, k in zip(order, kernels) if k is None]
         if missing:
             raise UnsupportedOpError(_missing_message(graph, missing, reg))
         self.slots: dict[str, int] = {}
@@ -111,17 +112,25 @@ class Engine:
         for name in graph.inputs:
             self.slots.setdefault(name, len(template))
             template.append(None)
+        release_after = _packed_release_points(graph, order, kernels)  # type: ignore[arg-type]
+        self.released: list[str] = []
         self.step_nodes: list[Node] = []
         self.specs: list[StepSpec] = []
-        for node in order:
+        for i, (node, kern) in enumerate(zip(order, kernels)):
             for out in node.outputs:
                 if out:
                     self.slots[out] = len(template)
                     template.append(None)
-            self.specs.append(self._bind_node(node))
+            assert kern is not None
+            self.specs.append(self._bind_node(node, kern))
             self.step_nodes.append(node)
+            for name in release_after.get(i, ()):
+                # every reader has packed its copy: drop the original now, so build never holds both in full
+                value = graph.initializers.pop(name)
+                graph.types[name] = TensorType(value.dtype, value.shape)
+                template[self.slots[name]] = None
+                self.released.append(name)
         self._template = template
-        self.released = self._release_packed()
         self._free_after = self._liveness(order)
         self.steps: list[Step] = [
             (sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free) for sp, free in zip(self.specs, self._free_after)
@@ -139,42 +148,19 @@ class Engine:
         self.runtime_inference_failures: dict[str, str] = {}
         self.observers: list[Any] = list(reg.observers)
 
-    def _bind_node(self, node: Node) -> StepSpec:
-        graph = self.graph
-        kern = self.registry.select_kernel(node.domain, node.op_type, _opset(graph, node), self.provider)
-        assert kern is not None
+    def _bind_node(self, node: Node, kern: Kernel) -> StepSpec:
         inputs = list(node.inputs)
         while inputs and not inputs[-1]:
             inputs.pop()
         ins = tuple(self.slots[n] if n else 0 for n in inputs)
         outs = tuple(self.slots[n] if n else 0 for n in node.outputs)
         try:
-            fn = _prepare(kern, node, graph)
+            fn = _prepare(kern, node, self.graph)
         except MinferError:
             raise
         except Exception as exc:
             raise KernelError(f"{node.label}: kernel {kern.op_type}-{kern.since} from {kern.plugin} failed to prepare: {exc}") from exc
         return StepSpec(kern, fn, ins, outs)
-
-    def _release_packed(self) -> list[str]:
-        """Drop initializers that every reader pre-packed (``Kernel.packed``): weights are then held once.
-
-        Their slots read None at run time; their types stay in ``graph.types``.
-        """
-        readers: dict[int, list[bool]] = {}
-        for sp in self.specs:
-            for n, slot in enumerate(sp.ins):
-                readers.setdefault(slot, []).append(n in sp.kernel.packed and sp.kernel.prepare)
-        released = []
-        outputs = set(self.graph.outputs)
-        for name, value in list(self.graph.initializers.items()):
-            slot = self.slots[name]
-            if name not in outputs and readers.get(slot) and all(readers[slot]):
-                self.graph.types[name] = TensorType(value.dtype, value.shape)
-                del self.graph.initializers[name]
-                self._template[slot] = None
-                released.append(name)
-        return released
 
     def _liveness(self, order: list[Node]) -> list[tuple[int, ...]]:
         """Per step, the slots whose value nothing reads afterwards (dropped to bound memory)."""
@@ -382,6 +368,24 @@ class InferenceSession(Engine):
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]
+
+
+def _packed_release_points(graph: Graph, order: Sequence[Node], kernels: Sequence[Kernel]) -> dict[int, list[str]]:
+    """Initializers every reader declared ``packed``, keyed by the step after whose preparation they can go."""
+    last: dict[str, int] = {}
+    packed_everywhere: dict[str, bool] = {}
+    for i, (node, kern) in enumerate(zip(order, kernels)):
+        for n, name in enumerate(node.inputs):
+            if name in graph.initializers:
+                last[name] = i
+                ok = kern.prepare and n in kern.packed
+                packed_everywhere[name] = packed_everywhere.get(name, True) and ok
+    outputs = set(graph.outputs)
+    points: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if packed_everywhere[name] and name not in outputs:
+            points.setdefault(i, []).append(name)
+    return points
 
 
 def _opset(graph: Graph, node: Node) -> int:
