@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, onnx_op
 
-from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, reduce, shape, signal
+from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, recurrent, reduce, shape, signal
 
-MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, shape, indexing, generate, pad, signal, detection)
+MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection)
 KERNELS = [k for module in MODULES for k in module.KERNELS]
 
 
