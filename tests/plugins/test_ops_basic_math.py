@@ -372,16 +372,38 @@ def test_bitcast_reinterprets_bytes_without_copying():
 
 # --- memory-planner declarations (out= / inplace) ----------------------------------
 
+W45 = RNG.standard_normal((4, 5)).astype(np.float32)
+ERF_X = np.concatenate([np.linspace(-5, 5, 40), [0.0, -0.0, np.inf, -np.inf, np.nan]]).astype(np.float32).reshape(5, 9)
+
+# (op, opset, inputs, attrs[, constants]): constants are what a preparing kernel's ctx sees
 OUT_CASES = [
     ("Add", 14, [X, X[0, :1]], {}),
+    ("Sub", 14, [X, X[:, :1]], {}),
+    ("Mul", 14, [X[:1], X], {}),
     ("Div", 14, [np.array([7, -7, 9], np.int32), np.array([2, 2, -4], np.int32)], {}),
+    ("Div", 14, [X, X + 3], {}),
     ("Pow", 15, [np.abs(X), X], {}),
+    ("Pow", 15, [np.arange(6, dtype=np.int32), np.array(2, np.int64)], {}),
     ("Less", 13, [X, X[:, :1]], {}),
     ("And", 7, [X > 0, X < 0.5], {}),
     ("BitwiseAnd", 18, [np.arange(6, dtype=np.int16), np.int16(3) * np.ones(6, np.int16)], {}),
+    ("Sum", 13, [X, X[0, :1], X + 1], {}),
+    ("Sum", 13, [X[:, :1], X], {}),
+    ("Sum", 13, [X], {}),
+    ("Max", 13, [X, X[0], -X], {}),
+    ("Min", 13, [X, X[:1]], {}),
     ("Relu", 14, [X], {}),
     ("Sigmoid", 13, [X], {}),
     ("Sigmoid", 6, [np.array(-0.3, np.float32)], {}),
+    ("Tanh", 13, [X], {}),
+    ("Erf", 13, [ERF_X], {}),
+    ("Erf", 13, [ERF_X.astype(np.float16)], {}),
+    ("Erf", 13, [X.astype(np.float64)], {}),
+    ("Erf", 13, [np.array(0.7, np.float32)], {}),
+    ("Gelu", 20, [X * 3], {}),
+    ("Gelu", 20, [X * 3], {"approximate": "tanh"}),
+    ("Gelu", 20, [(X * 3).astype(np.float16)], {}),
+    ("Gelu", 20, [X.astype(np.float64)], {}),
     ("Add", 7, [np.array(1.5, np.float32), np.array(2.0, np.float32)], {}),
     ("Exp", 13, [X], {}),
     ("Clip", 13, [X, np.array(-0.5, np.float32), np.array(0.5, np.float32)], {}),
@@ -390,9 +412,16 @@ OUT_CASES = [
     ("Softmax", 13, [X], {"axis": 1}),
     ("Softmax", 11, [X], {"axis": 1}),
     ("LogSoftmax", 13, [X], {}),
+    ("LogSoftmax", 11, [X], {}),
     ("Hardmax", 11, [X], {}),
     ("MatMul", 13, [X, X.transpose(0, 2, 1)], {}),
     ("MatMul", 13, [X.astype(np.float16), X.astype(np.float16).transpose(0, 2, 1)], {}),
+    ("MatMul", 13, [X, W45], {}, (None, W45)),
+    ("MatMul", 13, [X.astype(np.float16), W45.astype(np.float16)], {}, (None, W45.astype(np.float16))),
+    ("MatMul", 13, [X[0, 0], W45], {}, (None, W45)),
+    ("MatMul", 13, [X.transpose(1, 0, 2), W45], {}, (None, W45)),
+    ("Gemm", 13, [X[0], W45, W45[0]], {"alpha": 0.5, "beta": 2.0}, (None, W45, W45[0])),
+    ("Gemm", 13, [X[0].T, W45.T], {"transA": 1, "transB": 1}, (None, W45.T, None)),
     ("Cast", 21, [X], {"to": TensorProto.INT32}),
     ("Cast", 21, [X], {"to": TensorProto.BFLOAT16}),
 ]
@@ -402,30 +431,102 @@ def _kernel(op_type, opset):
     return max((k for k in KERNELS if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
 
 
-@pytest.mark.parametrize(("op", "opset", "inputs", "attrs"), OUT_CASES, ids=[f"{c[0]}-{c[1]}" for c in OUT_CASES])
-def test_out_kernels_write_into_the_planned_buffer(op, opset, inputs, attrs):
-    """A kernel declaring out=True returns the very buffer it was given, holding the usual result."""
+def _callable(k, case):
+    """The run callable the engine would get: through the factory (with the case's constants) when the kernel prepares."""
+    op, opset, inputs, attrs = case[:4]
+    if not k.prepare:
+        return lambda *xs, **kw: k.fn(*xs, **attrs, **kw)
+    consts = case[4] if len(case) > 4 else (None,) * len(inputs)
+    ctx = KernelContext("n", op, opset, (None,) * len(inputs), (None,), tuple(consts), 1)
+    return k.fn(ctx, **attrs)
+
+
+def _case_id(case):
+    return f"{case[0]}-{case[1]}" + ("-const" if len(case) > 4 else "")
+
+
+@pytest.mark.parametrize("case", OUT_CASES, ids=[_case_id(c) for c in OUT_CASES])
+def test_out_kernels_write_into_the_planned_buffer(case):
+    """A kernel declaring out=True returns the very buffer it was given, holding exactly the usual result."""
+    op, opset, inputs = case[:3]
     k = _kernel(op, opset)
     assert k.out, f"{op}-{opset} should declare out=True"
-    want = k.fn(*inputs, **attrs)
+    run = _callable(k, case)
+    want = run(*inputs)
+    assert isinstance(want, np.ndarray)
     buf = np.full(want.shape, 7, dtype=want.dtype)
-    got = k.fn(*inputs, **attrs, out=buf)
+    got = run(*inputs, out=buf)
     assert got is buf
     np.testing.assert_array_equal(got.astype(np.float64), want.astype(np.float64))
 
 
-@pytest.mark.parametrize(("op", "opset", "inputs", "attrs"), OUT_CASES, ids=[f"{c[0]}-{c[1]}" for c in OUT_CASES])
-def test_inplace_kernels_may_overwrite_their_input(op, opset, inputs, attrs):
-    """When out is the declared in-place input itself, the result is still right."""
+@pytest.mark.parametrize("case", OUT_CASES, ids=[_case_id(c) for c in OUT_CASES])
+def test_inplace_kernels_may_overwrite_their_input(case):
+    """When out is the declared in-place input itself, the result is still exactly right."""
+    op, opset, inputs = case[:3]
     k = _kernel(op, opset)
-    want = k.fn(*inputs, **attrs)
+    run = _callable(k, case)
+    want = run(*inputs)
     for i in k.inplace:
-        if inputs[i].shape != want.shape or inputs[i].dtype != want.dtype:
+        if i >= len(inputs) or inputs[i].shape != want.shape or inputs[i].dtype != want.dtype:
             continue
         args = [x.copy() for x in inputs]
-        got = k.fn(*args, **attrs, out=args[i])
+        got = run(*args, out=args[i])
         assert got is args[i]
         np.testing.assert_array_equal(got, want)
+
+
+def test_the_cases_cover_the_declarations_asked_for():
+    """The ops the runtime benchmark named declare out= (and inplace where elementwise), and each has a case above."""
+    inplace = {"Sum": (0, 1), "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1), "Relu": (0,), "Softmax": (0,),
+               "LogSoftmax": (0,), "Erf": (0,), "Gelu": (0,), "Tanh": (0,), "Sigmoid": (0,)}  # fmt: skip
+    for op, want in inplace.items():
+        for k in (k for k in KERNELS if k.op_type == op and k.out):
+            assert k.inplace == want, (op, k.since, k.inplace)
+    for op in (*inplace, "Pow", "MatMul", "Gemm"):
+        newest = max((k for k in KERNELS if k.op_type == op), key=lambda k: k.since)
+        assert newest.out, op
+        assert op in {c[0] for c in OUT_CASES}, op
+    assert {k.packed for k in KERNELS if k.op_type == "Gemm"} == {(1, 2)}
+    assert {k.packed for k in KERNELS if k.op_type == "MatMul"} == {(1,)}
+
+
+@pytest.mark.parametrize("op", ["Gemm", "MatMul"])
+def test_packed_kernels_keep_no_reference_to_the_constants(op):
+    """packed=(...): once prepared, the callable works with None in place of the constants and keeps the originals unreferenced."""
+    import gc
+    import weakref
+
+    a = RNG.standard_normal((3, 4)).astype(np.float32)
+    b = RNG.standard_normal((4, 5)).astype(np.float32)
+    c = RNG.standard_normal((5,)).astype(np.float32)
+    inputs, attrs = ([a, b, c], {"alpha": 1.0, "beta": 1.0}) if op == "Gemm" else ([a, b], {})
+    want = a @ b + (c if op == "Gemm" else 0)
+    k = _kernel(op, 13)
+    ctx = KernelContext("n", op, 13, (None,) * len(inputs), (None,), tuple([None] + inputs[1:]), 1)
+    refs = [weakref.ref(x) for x in inputs[1:]]
+    run = k.fn(ctx, **attrs)
+    del ctx, inputs, b, c
+    gc.collect()
+    assert all(r() is None for r in refs), "the prepared callable keeps a packed original alive"
+    got = run(a, *[None] * (len(refs)))
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    buf = np.empty_like(got)
+    assert run(a, *[None] * len(refs), out=buf) is buf
+    np.testing.assert_array_equal(buf, got)
+
+
+def test_erf32_blocks_and_in_place_agree_with_one_pass():
+    """The float32 erf gives the same bits whether it runs in blocks, into a buffer, or over its own input."""
+    x = RNG.standard_normal(3 * elementwise._ERF32_BLOCK + 17).astype(np.float32) * 2
+    want = elementwise.erf32(x)
+    one = np.concatenate([elementwise.erf32(x[i : i + 1000]) for i in range(0, x.size, 1000)])
+    np.testing.assert_array_equal(one, want)
+    y = x.copy()
+    assert elementwise.erf32(y, y) is y
+    np.testing.assert_array_equal(y, want)
+    strided = np.repeat(x, 2)[::2]
+    np.testing.assert_array_equal(elementwise.erf32(strided), want)
 
 
 def test_gemm_writes_into_the_planned_buffer():

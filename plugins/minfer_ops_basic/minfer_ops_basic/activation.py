@@ -9,7 +9,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, as_float, declare, erf, into, is_exotic, on_1d, scalar, unary_kernels
+from .elementwise import arr, as_float, declare, erf, erf32, into, is_exotic, on_1d, scalar, unary_kernels
 
 F32_MAX = 3.4028234663852886e38
 
@@ -192,18 +192,28 @@ def _gelu_tanh(v: np.ndarray) -> np.ndarray:
     return scalar(0.5, v) * v * (1 + np.tanh(c * (v + scalar(0.044715, v) * v * v * v)))
 
 
-@kernel("Gelu", since=20)
-def gelu(x, *, approximate="none"):
+@kernel("Gelu", since=20, out=True, inplace=(0,))
+def gelu(x, *, approximate="none", out=None):
     """Gelu-20: 0.5 * x * (1 + erf(x / sqrt(2))), or the tanh approximation."""
     if approximate == "tanh":
-        return _apply(x, _gelu_tanh)
-    # erf is evaluated in float64 anyway; do the whole formula there and round once
-    x64 = x.astype(np.float64)
-    y = erf(x64 * math.sqrt(0.5), precise=x.dtype == np.float64)
-    y += 1.0
-    y *= x64
-    y *= 0.5
-    return arr(y, x.dtype)
+        return into(out, _apply(x, _gelu_tanh))
+    if x.dtype == np.float64:  # the precise erf, and the formula in float64
+        y = erf(x * math.sqrt(0.5))
+        y += 1.0
+        y *= x
+        y *= 0.5
+        return into(out, y)
+    v = x if x.dtype == np.float32 else as_float(x).astype(np.float32)
+    y = np.multiply(v, np.float32(math.sqrt(0.5)), out=np.empty(v.shape, np.float32))  # a real array even 0-d
+    erf32(y, y)
+    y += np.float32(1.0)
+    if v is x:  # the last two steps land in out (maybe x itself): each reads x before writing it
+        y = np.multiply(y, x, out=y if out is None else out)
+        y *= np.float32(0.5)
+        return y
+    y *= v
+    y *= np.float32(0.5)
+    return into(out, arr(y, x.dtype))
 
 
 # --- Clip --------------------------------------------------------------------

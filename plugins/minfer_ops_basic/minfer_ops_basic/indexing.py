@@ -211,13 +211,16 @@ def tensor_scatter(past_cache, update, write_indices=None, *, mode="linear", axi
 # --- Selection ------------------------------------------------------------------------------
 
 
-@kernel("Where", since=9, out=True, views=False)
+@kernel("Where", since=9, out=True, inplace=(1, 2), views=False)
 def where(condition, X, Y, *, out=None):
     """Where-9/16: elementwise choice with multidirectional broadcasting."""
     if out is None:
         return np.asarray(np.where(condition, X, Y))
     # Two masked copies write straight into the planned buffer, no temporary.
-    np.copyto(out, Y)
+    if out is X:  # in place on X: only the positions that take Y change
+        np.copyto(out, Y, where=np.logical_not(condition))
+        return out
+    np.copyto(out, Y)  # a no-op when out is Y itself
     np.copyto(out, X, where=condition)
     return out
 

@@ -26,10 +26,42 @@ def matmul(a: np.ndarray, b: np.ndarray, out: np.ndarray | None = None) -> np.nd
     return into(out, arr(np.matmul(wa, wb), a.dtype))
 
 
-@kernel("MatMul", since=1, out=True)
-def matmul_1(a, b, *, out=None):
-    """MatMul-1: numpy-style matrix product with batch broadcasting."""
-    return matmul(a, b, out)
+def _own_copy(value: np.ndarray) -> np.ndarray:
+    """A C-contiguous array that shares no memory with value (so the engine may free the original)."""
+    return np.array(value, order="C", copy=True)
+
+
+def _matmul_const(b: np.ndarray) -> Callable[..., np.ndarray]:
+    """MatMul by a constant B, kept as our own contiguous copy (in the dtype BLAS computes in)."""
+    w = _own_copy(_blas(b))
+    k_n = w.shape if w.ndim == 2 else None
+
+    def run(a, b=None, *, out=None):
+        # a C-contiguous [..., M, K] stack times a 2-D weight is one [M*, K] x [K, N] GEMM,
+        # not one BLAS call per matrix of the stack
+        if k_n is not None and a.ndim > 2 and a.flags.c_contiguous and a.shape[-1] == k_n[0]:
+            wa = _blas(a).reshape(-1, k_n[0])
+            shape = a.shape[:-1] + (k_n[1],)
+            if out is not None and wa.dtype == out.dtype:
+                np.matmul(wa, w, out=out.reshape(-1, k_n[1]))
+                return out
+            return into(out, arr(np.matmul(wa, w).reshape(shape), a.dtype))
+        return matmul(a, w, out)
+
+    return run
+
+
+@kernel("MatMul", since=1, prepare=True, out=True, views=False, packed=(1,))
+def matmul_1(ctx):
+    """MatMul-1: numpy-style matrix product with batch broadcasting; a constant B is packed once."""
+    b_const = ctx.constants[1] if len(ctx.constants) > 1 else None
+    if b_const is not None:
+        return _matmul_const(b_const)  # the callable closes over the copy only, never ctx
+
+    def run(a, b, *, out=None):
+        return matmul(a, b, out)
+
+    return run
 
 
 # --- Gemm --------------------------------------------------------------------
@@ -46,10 +78,11 @@ def _gemm(ctx: Any, alpha: float, beta: float, trans_a: int, trans_b: int) -> Ca
     """Y = alpha * A' @ B' + beta * C, with a constant B (and C) scaled and laid out once."""
     b_const = ctx.constants[1] if len(ctx.constants) > 1 else None
     c_const = ctx.constants[2] if len(ctx.constants) > 2 else None
+    # our own copies (packed=(1, 2)): run never reads the originals, and closes over neither them nor ctx
     if b_const is not None:
         b_const = _blas(b_const)
-        b_const = np.ascontiguousarray(_scaled(b_const.T if trans_b else b_const, alpha))
-    c_const = None if c_const is None else _scaled(_blas(c_const), beta)
+        b_const = _own_copy(_scaled(b_const.T if trans_b else b_const, alpha))
+    c_const = None if c_const is None else _own_copy(_scaled(_blas(c_const), beta))
 
     def run(a, b, c=None, *, out=None):
         out_dtype = a.dtype
@@ -74,13 +107,13 @@ def _gemm(ctx: Any, alpha: float, beta: float, trans_a: int, trans_b: int) -> Ca
     return run
 
 
-@kernel("Gemm", since=7, prepare=True, out=True)
+@kernel("Gemm", since=7, prepare=True, out=True, views=False, packed=(1, 2))
 def gemm(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):
     """Gemm-7: alpha * A' @ B' + beta * C, C broadcast to (M, N) and optional from 11."""
     return _gemm(ctx, alpha, beta, transA, transB)
 
 
-@kernel("Gemm", since=1, prepare=True, out=True)
+@kernel("Gemm", since=1, prepare=True, out=True, views=False, packed=(1, 2))
 def gemm_1(ctx, *, alpha=1.0, beta=1.0, broadcast=0, transA=0, transB=0):
     """Gemm-1: as Gemm-7; numpy broadcasting of C also covers the ``broadcast`` flag."""
     return _gemm(ctx, alpha, beta, transA, transB)
