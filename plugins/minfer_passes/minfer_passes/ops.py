@@ -2,15 +2,21 @@
 
 Fused nodes the passes create:
 
-- ``FusedConv(X, W, [B])``, ``FusedGemm(A, B, [C])``, ``FusedMatMul(A, B)``: the
-  base op's attributes unchanged, plus ``activation`` (an ONNX op name: Relu,
-  LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh) and
-  ``activation_params`` (floats: alpha for LeakyRelu, [min, max] for Clip,
-  [alpha, beta] for HardSigmoid). The kernel computes the base op with the
-  *registered* kernel of the standard op, looked up through the public
-  registry (this plugin cannot import the one that implements Conv or Gemm,
-  and should not: a faster Conv from any plugin then speeds up FusedConv too),
-  then applies the activation in place on the fresh result.
+- ``FusedConv(X, W, [B], [Z])``, ``FusedGemm(A, B, [C])``, ``FusedMatMul(A, B)``:
+  the base op's attributes unchanged, plus ``activation`` (an ONNX op name:
+  Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh; absent or
+  empty: none) and ``activation_params`` (floats: alpha for LeakyRelu,
+  [min, max] for Clip, [alpha, beta] for HardSigmoid). FusedConv's optional
+  ``Z`` (the residual of a ResNet block) has exactly the output's shape and
+  is added before the activation: ``activation(Conv(X, W, B) + Z)``. The
+  kernel computes the base op with the *registered* kernel of the standard
+  op, looked up through the public registry (this plugin cannot import the
+  one that implements Conv or Gemm, and should not: a faster Conv from any
+  plugin then speeds up FusedConv too), into the engine's planned buffer
+  (``out=``) when the base kernel accepts one, then adds Z and applies the
+  activation in place there. Each declares ``packed`` the constant weights
+  its base kernel packs (Conv: W, B; Gemm: B, C; MatMul: B), so the engine
+  frees the originals and holds those weights once.
 - ``BinaryScalar(X; op, scalar, reverse)``: ``X op scalar`` (or ``scalar op X``
   when ``reverse``) for op in Add/Sub/Mul/Div, with a 0-d ``scalar`` tensor.
 - ``WeightedSum(A, B; weights)``: ``A*weights[0] + B*weights[1]`` with the
@@ -88,36 +94,73 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray, list[float]], None]] = {
 }
 
 
-# ---- fused base op + activation -------------------------------------------------
+# ---- fused base op (+ residual) + activation -----------------------------------------
+
+# Inputs of the base op; FusedConv's input 3 (Z, the residual) is the fused op's own.
+ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2}
+# Inputs the fused kernel declares ``packed``: those the installed base kernels pack (minfer-ops-conv's Conv:
+# W, B; minfer-ops-basic's Gemm: B, C; its MatMul: B). A kernel record is fixed before the registry knows which
+# base kernel a build will select, so should the selected one not pack an input declared here, the factory
+# holds its own copy of that constant and passes it (see `_fused`): the declaration stays true, and the
+# weight is still held once.
+PACKED = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,)}
 
 
 def _fused(base: str) -> Callable[..., Any]:
-    def factory(ctx: Any, *, activation: str, activation_params: list[float] | None = None, **attrs: Any) -> Any:
+    arity, packed = ARITY[base], PACKED[base]
+
+    def factory(ctx: Any, *, activation: str = "", activation_params: list[float] | None = None, **attrs: Any) -> Any:
         inner = get_registry().select_kernel("", base, NEWEST)
         if inner is None:
             raise LookupError(f"Fused{base} needs a kernel for {base}; none is installed")
-        act = ACTIVATIONS[activation]
+        act = ACTIVATIONS[activation] if activation else None
         params = [float(v) for v in (activation_params or [])]
-        fn = prepare(inner, base, NEWEST, attrs, list(ctx.constants), 1, ctx.node_name, ctx.input_types)
+        consts = list(ctx.constants[:arity])
+        # a declared-packed constant the base kernel does not pack: hold a copy (the engine frees the original)
+        held: dict[int, np.ndarray] = {}
+        for i in packed:
+            if i < len(consts) and consts[i] is not None and not (inner.prepare and i in inner.packed):
+                consts[i] = held[i] = np.array(consts[i], copy=True)
+        fn = prepare(inner, base, NEWEST, attrs, consts, 1, ctx.node_name, tuple(ctx.input_types[:arity]))
+        del consts  # the closure below must not keep the originals (packed) alive
+        writes_out = inner.out
+        # a kernel that promised views=False never returns an input's memory: skip the overlap test
+        may_alias = inner.views is not False
 
-        def run(*inputs: np.ndarray) -> np.ndarray:
-            y = fn(*inputs)
-            # the activation writes into y: never into memory an input or a constant owns
-            if not y.flags.writeable or any(np.may_share_memory(y, x) for x in inputs if x is not None):
-                y = y.copy()
-            act(y, params)
+        def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+            args = list(inputs[:arity])
+            z = inputs[arity] if len(inputs) > arity else None
+            for i, value in held.items():
+                if i < len(args):
+                    args[i] = value
+            y = fn(*args, out=out) if writes_out else fn(*args)
+            if out is not None:
+                if y is not out:
+                    np.copyto(out, y)
+                    y = out
+            elif not y.flags.writeable or (may_alias and any(np.may_share_memory(y, x) for x in inputs if x is not None)):
+                y = y.copy()  # the residual and the activation write into y: never into an input's memory
+            if z is not None:
+                np.add(y, z, out=y)
+            if act is not None:
+                act(y, params)
             return y
 
         return run
 
-    factory.__doc__ = f"ai.minfer::Fused{base}-1: {base} with the registered kernel, then the activation in place."
+    factory.__doc__ = (f"ai.minfer::Fused{base}-1: {base} with the registered kernel (into out when it can), "
+                       + ("+ Z, " if base == "Conv" else "") + "then the activation in place.")
     return factory
 
 
-# views=False: the activation runs on a result that is copied first if it could share an input's memory
-fused_conv = kernel("FusedConv", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("Conv"))
-fused_gemm = kernel("FusedGemm", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("Gemm"))
-fused_matmul = kernel("FusedMatMul", domain=MINFER_DOMAIN, prepare=True, views=False)(_fused("MatMul"))
+# out=True: the base result lands in the planned buffer (directly when the base kernel takes out=, else copied),
+# and the residual and activation are applied there. views=False: the result never shares an input's memory.
+fused_conv = kernel("FusedConv", domain=MINFER_DOMAIN, prepare=True, out=True, views=False,
+                    packed=PACKED["Conv"])(_fused("Conv"))
+fused_gemm = kernel("FusedGemm", domain=MINFER_DOMAIN, prepare=True, out=True, views=False,
+                    packed=PACKED["Gemm"])(_fused("Gemm"))
+fused_matmul = kernel("FusedMatMul", domain=MINFER_DOMAIN, prepare=True, out=True, views=False,
+                      packed=PACKED["MatMul"])(_fused("MatMul"))
 
 BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
 
@@ -163,6 +206,7 @@ def _from_proto(tp: onnx.TypeProto) -> TensorType | None:
 
 def _infer_as(base: str) -> Callable[..., list[TensorType | None]]:
     def infer(*types: TensorType | None, activation: str = "", activation_params: Any = None, **attrs: Any) -> list:
+        types = types[:ARITY[base]]  # FusedConv's Z has the output's shape: it changes nothing
         names = [f"i{i}" for i in range(len(types))]
         node = helper.make_node(base, names, ["y"], **attrs)
         known = {n: _type_proto(t) for n, t in zip(names, types) if t is not None}
@@ -182,7 +226,8 @@ def _infer_weighted_sum(a: TensorType | None, b: TensorType | None, **attrs: Any
 
 
 OPS = [
-    op("FusedConv", domain=MINFER_DOMAIN, infer=_infer_as("Conv"), doc="Conv followed by an activation, in one kernel"),
+    op("FusedConv", domain=MINFER_DOMAIN, infer=_infer_as("Conv"),
+       doc="Conv, plus an optional residual Z, followed by an optional activation, in one kernel"),
     op("FusedGemm", domain=MINFER_DOMAIN, infer=_infer_as("Gemm"), doc="Gemm followed by an activation, in one kernel"),
     op("FusedMatMul", domain=MINFER_DOMAIN, infer=_infer_as("MatMul"), doc="MatMul followed by an activation"),
     op("BinaryScalar", domain=MINFER_DOMAIN, doc="Add/Sub/Mul/Div of a tensor and a scalar attribute"),
