@@ -32,10 +32,4 @@ def test_light_model_matches_onnxruntime(name, passes):
 # and reference outputs, run through minfer_core.backend exactly as onnx runs any backend.
 _backend_test = onnx.backend.test.BackendTest(MinferBackend, __name__)
 _backend_test.include(r"^test_(bvlc_alexnet|densenet121|inception_v1|inception_v2|resnet50|shufflenet|squeezenet|vgg19|zfnet512)_cpu$")
-# test_squeezenet_cpu is ill-conditioned: the light model's weights are all equal, so the logits
-# reach ~1e10 (one float32 ulp = 1024) and the reference output is exactly uniform only because
-# every channel sums in the same order. minfer's GEMM blocking rounds channels differently at the
-# 1e-6 relative level (within the models' rtol against onnxruntime above), which the final
-# Softmax turns into a one-hot. Known, written down, not hidden: see the issue note.
-_backend_test.xfail(r"^test_squeezenet_cpu$")
 OnnxBackendRealModelTest = _backend_test.test_cases["OnnxBackendRealModelTest"]

@@ -237,7 +237,11 @@ def activation_fusion(draw: Any) -> Any:
         m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
         y = b.op(base, b.input((m, k)), b.const(draw(floats_array((k, n)))))
     expose(draw, b, y)
-    act = draw(st.sampled_from(ACTS))
+    return _finish(b, _activation(draw, b, y, draw(st.sampled_from(ACTS))))
+
+
+def _activation(draw: Any, b: GraphBuilder, y: str, act: str) -> str:
+    """``act(y)`` with random parameters (Clip's bounds as constant inputs, some omitted)."""
     attrs: dict[str, Any] = {}
     extra: list[str] = []
     if act == "LeakyRelu":
@@ -248,7 +252,59 @@ def activation_fusion(draw: Any) -> Any:
         lo, hi = draw(st.sampled_from([-0.5, 0.0])), draw(st.sampled_from([0.5, 6.0]))
         extra = [b.const(np.float32(lo)), b.const(np.float32(hi))]
         extra = extra[: draw(st.integers(0, 2))]
-    return _finish(b, b.op(act, y, *extra, **attrs))
+    return b.op(act, y, *extra, **attrs)
+
+
+def _conv_out_shape(b: GraphBuilder, y: str, shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The output shape of the Conv producing ``y`` from an input of ``shape`` (no dilations)."""
+    node = b.graph.producer(y)
+    assert node is not None
+    kernel, pads = node.attrs["kernel_shape"], node.attrs.get("pads", [0, 0, 0, 0])
+    strides = node.attrs.get("strides", [1, 1])
+    spatial = [(shape[2 + i] + pads[i] + pads[2 + i] - kernel[i]) // strides[i] + 1 for i in range(2)]
+    return (shape[0], _out_channels(b, y), *spatial)
+
+
+@st.composite
+def conv_residual_fusion(draw: Any) -> Any:
+    """Conv + Add/Sum(Z) [+ activation]: Z of the output's shape (fires) or broadcasting (must not fire).
+
+    Z is a graph input, a value computed after the Conv (the fused node must
+    move after it), the output of a second identical Conv (a ResNet
+    downsample block: both operands are Convs), or the Conv's own input;
+    the Conv output and the sum are randomly read elsewhere or graph outputs.
+    """
+    b = GraphBuilder(opset=draw(st.sampled_from([13, 17])))
+    shape = draw(_nchw())
+    x = b.input(shape)
+    y = draw(_conv(b, x, shape))
+    out = _conv_out_shape(b, y, shape)
+    kind = draw(st.sampled_from(["input", "later", "conv", "x", "broadcast", "broadcast"]))
+    if kind == "x" and out != shape:
+        kind = "later"
+    if kind == "input":
+        z = b.input(out)
+    elif kind == "later":
+        z = b.op("Tanh", b.input(out))
+    elif kind == "conv":
+        node = b.graph.producer(y)
+        assert node is not None
+        z = b.op("Conv", x, *[b.const(draw(floats_array(b.graph.initializers[i].shape))) for i in node.inputs[1:]],
+                 **node.attrs)
+    elif kind == "x":
+        z = x
+    else:
+        n, c, h, w = out
+        options = [(1, c, 1, 1), (c, 1, 1), (w,), (1, 1, h, w), (n, c, 1, w), (2 * n, c, h, w), (1, 1, 1, 1)]
+        z = b.input(draw(st.sampled_from([o for o in options if o != out])))
+    expose(draw, b, y)
+    args = (y, z) if draw(st.booleans()) else (z, y)
+    total = b.op(draw(st.sampled_from(["Add", "Add", "Sum"])), *args)
+    act = draw(st.sampled_from(["Relu", "Relu", "none", *ACTS]))
+    if act == "none":
+        return _finish(b, total)
+    expose(draw, b, total)
+    return _finish(b, _activation(draw, b, total, act))
 
 
 @st.composite
@@ -286,13 +342,15 @@ def shape_inference(draw: Any) -> Any:
 
 @st.composite
 def expand_fused(draw: Any) -> Any:
-    from minfer_passes import activation, algebra
+    from minfer_passes import activation, algebra, residual
 
-    kind = draw(st.sampled_from(["activation", "scalar", "wsum"]))
-    g = draw({"activation": activation_fusion(), "scalar": scalar_binary(), "wsum": weighted_sum_fusion()}[kind])
+    kind = draw(st.sampled_from(["activation", "residual", "scalar", "wsum"]))
+    g = draw({"activation": activation_fusion(), "residual": conv_residual_fusion(), "scalar": scalar_binary(),
+              "wsum": weighted_sum_fusion()}[kind])
     from minfer_passes.shapes import shape_inference as infer
 
     infer(g)
+    residual.conv_residual_fusion(g)
     activation.activation_fusion(g)
     algebra.weighted_sum_fusion(g)
     algebra.scalar_binary(g)

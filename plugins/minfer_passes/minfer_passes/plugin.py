@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from minfer_core import Pass, hookimpl
 
-from . import activation, algebra, elimination, fusion, folding, layout, ops, portable, shapes
+from . import activation, algebra, elimination, fusion, folding, layout, ops, portable, residual, shapes
 from ._util import fixpoint
 
 
@@ -50,6 +50,10 @@ PASSES = [
     _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
           after=("affine_fusion", "matmul_add_to_gemm")),
     _pass(algebra.scalar_binary, "extended", requires=TYPED, after=("affine_fusion", "matmul_add_to_gemm")),
+    # before activation_fusion: Conv -> Add -> Relu keeps its Relu for the residual node (either order gives the
+    # same graph, since activation_fusion needs the activation right after the Conv; this one is deterministic)
+    _pass(residual.conv_residual_fusion, "extended", requires=TYPED, before=("activation_fusion",),
+          after=("conv_bn_fusion", "affine_fusion", "identity_elimination"), rtol=1e-5, atol=1e-6),
     _pass(activation.activation_fusion, "extended", requires=TYPED,
           after=("conv_bn_fusion", "affine_fusion", "matmul_add_to_gemm"), rtol=1e-5, atol=1e-6),
     _pass(portable.expand_fused, "basic", role="portable"),

@@ -4,7 +4,8 @@
 the written model uses only standard ops and runs in onnxruntime with the
 same outputs. Each fused node becomes the nodes it was made from:
 
-- ``FusedConv/FusedGemm/FusedMatMul`` -> the base op, then the activation
+- ``FusedConv/FusedGemm/FusedMatMul`` -> the base op, then ``Add`` of the
+  residual Z when FusedConv has one, then the activation when there is one
   (Clip with min/max inputs from opset 11, attributes before it);
 - ``BinaryScalar`` -> Add/Sub/Mul/Div with a 0-d initializer;
 - ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers.
@@ -19,7 +20,7 @@ import numpy as np
 from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, fresh, opset, replace
-from .ops import BASE_OPS
+from .ops import ARITY, BASE_OPS
 
 
 def _activation_node(graph: Graph, act: str, params: list[float], src: str, out: str, name: str) -> Node:
@@ -40,16 +41,35 @@ def _activation_node(graph: Graph, act: str, params: list[float], src: str, out:
 
 def _expand_fused(graph: Graph, node: Node) -> None:
     attrs = dict(node.attrs)
-    act, params = attrs.pop("activation"), [float(p) for p in attrs.pop("activation_params", [])]
-    mid = fresh(graph, f"{node.name or node.op_type}_pre")
+    act, params = attrs.pop("activation", ""), [float(p) for p in attrs.pop("activation_params", [])]
+    base_op = BASE_OPS[node.op_type]
+    arity = ARITY[base_op]
+    inputs, z = list(node.inputs[:arity]), node.inputs[arity] if len(node.inputs) > arity else ""
+    while inputs and not inputs[-1]:
+        inputs.pop()
     t = graph.type_of(node.outputs[0])
-    if t is not None:
-        graph.types[mid] = t
-    base = Node(BASE_OPS[node.op_type], node.inputs, [mid], attrs, node.name, "")
+    stages: list[tuple[str, list[str], dict, str]] = []  # (op, inputs after the running value, attrs, name)
+    if z:
+        stages.append(("Add", [z], {}, fresh(graph, f"{node.name or node.op_type}_add")))
+    if act:
+        stages.append(("act", [], {}, fresh(graph, f"{node.name}_act")))
     index = graph.nodes.index(node)
     graph.remove_node(node)
-    graph.add_node(base, index)
-    graph.add_node(_activation_node(graph, act, params, mid, node.outputs[0], fresh(graph, f"{node.name}_act")), index + 1)
+    src = node.outputs[0] if not stages else fresh(graph, f"{node.name or node.op_type}_pre")
+    if t is not None and src != node.outputs[0]:
+        graph.types[src] = t
+    graph.add_node(Node(base_op, inputs, [src], attrs, node.name, ""), index)
+    for k, (op, extra, op_attrs, name) in enumerate(stages):
+        last = k == len(stages) - 1
+        dst = node.outputs[0] if last else fresh(graph, f"{node.name or node.op_type}_sum")
+        if t is not None and not last:
+            graph.types[dst] = t
+        if op == "act":
+            new = _activation_node(graph, act, params, src, dst, name)
+        else:
+            new = Node(op, [src, *extra], [dst], op_attrs, name, "")
+        graph.add_node(new, index + 1 + k)
+        src = dst
 
 
 def _expand_scalar(graph: Graph, node: Node) -> None:
