@@ -295,12 +295,14 @@ def legacy_broadcast(a: np.ndarray, b: np.ndarray, broadcast: int, axis: int | N
 
 
 def binary_kernels(
-    op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7, inplace: bool = True
+    op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7,
+    inplace: bool | tuple[int, ...] = True,
 ) -> list:
     """Kernels of a broadcasting binary op: numpy rules from ``since``, axis rules before.
 
     ``fn(a, b, out=None)`` writes into ``out`` when given; ``inplace`` says out
-    may alias an input (false for ops whose output dtype differs).
+    may alias an input: True for both, a tuple for those listed, False for none
+    (ops whose output dtype differs).
     """
 
     def modern(a, b, *, out=None):
@@ -308,7 +310,8 @@ def binary_kernels(
             return fn(a, b, out=out) if out is not None else arr(fn(a, b))
 
     doc = "elementwise with numpy broadcasting."
-    kernels = [declare(op_type, since, modern, doc, out=True, inplace=(0, 1) if inplace else ())]
+    aliasable = (0, 1) if inplace is True else tuple(inplace or ())
+    kernels = [declare(op_type, since, modern, doc, out=True, inplace=aliasable)]
     if not legacy:
         return kernels
 
@@ -363,7 +366,8 @@ def power(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nda
     return into(out, arr(np.power(x.astype(np.float64), y.astype(np.float64)), x.dtype))
 
 
-KERNELS += binary_kernels("Pow", power, consumed=False, inplace=False)
+# out may be the base X (the result has its dtype); Y may have another dtype
+KERNELS += binary_kernels("Pow", power, consumed=False, inplace=(0,))
 
 
 @kernel("Mod", since=10)
