@@ -138,6 +138,8 @@ class Engine:
         self._unfreed: list[Step] = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
         self._intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
         self._graph_outputs = frozenset(self.slots[n] for n in graph.outputs)
+        self._output_sources = self._alias_sources(order, kernels)  # type: ignore[arg-type]
+        self._slot_names = {slot: name for name, slot in self.slots.items()}
         self._aliases: list[frozenset[tuple[int, int]]] = [frozenset() for _ in self.specs]
         self._plans: dict[Signature, Plan] = {}
         self._types: dict[Signature, dict[str, TensorType]] = {}
@@ -204,13 +206,44 @@ class Engine:
         try:
             if intermediate:
                 self._execute(vals, self._unfreed, observers)
-                outputs = [vals[self.slots[n]] for n in names]
+                outputs = [self._owned(vals, self.slots[n], feeds) for n in names]
                 return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
             self._run_signature(sig, vals, observers)
-            return [vals[self.slots[n]] for n in names]
+            return [self._owned(vals, self.slots[n], feeds) for n in names]
         finally:
             if previous is not None and previous != want:
                 set_blas_threads(previous)
+
+    def _alias_sources(self, order: list[Node], kernels: list[Kernel]) -> dict[int, tuple[int, ...]]:
+        """Per graph-output slot, the feed and initializer slots its value may be a view of.
+
+        Follows every kernel that may return views (``views`` not False) back
+        from the outputs, so `_owned` checks only the few outputs that can
+        alias memory the caller or the model owns.
+        """
+        graph = self.graph
+        reach: dict[str, frozenset[str]] = {n: frozenset([n]) for n in list(graph.inputs) + list(graph.initializers)}
+        for node, kern in zip(order, kernels):
+            if kern.views is False:
+                continue
+            sources = frozenset().union(*(reach.get(i, frozenset()) for i in node.inputs if i))
+            if sources:
+                reach.update((o, sources) for o in node.outputs if o)
+        return {self.slots[o]: tuple(self.slots[s] for s in sorted(reach[o])) for o in graph.outputs if o in reach}
+
+    def _owned(self, vals: list[Any], slot: int, feeds: Mapping[str, Any]) -> Any:
+        """The output in ``slot``, copied if it shares memory with a feed or an initializer.
+
+        Otherwise writing into a returned array would change the caller's
+        input, or the model's weights for every later run.
+        """
+        value = vals[slot]
+        for source in self._output_sources.get(slot, ()):
+            name = self._slot_names[source]
+            owner = feeds[name] if name in feeds else self._template[source]
+            if owner is not None and np.may_share_memory(value, owner):
+                return np.array(value, copy=True)
+        return value
 
     def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
         if not self._arena_lock.acquire(blocking=False):

@@ -113,3 +113,22 @@ def test_known_ops_hints_match_the_installed_plugins():
 
     shipped = json.loads((Path(minfer_core.__file__).parent / "known_ops.json").read_text())
     assert shipped == known_ops()
+
+
+def test_outputs_never_alias_the_callers_feeds_or_the_weights():
+    """Writing into a returned array changes neither the feed nor later runs (onnxruntime returns copies too)."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [3], [1.0, 2.0, 3.0])
+    shape = helper.make_tensor("s", TensorProto.INT64, [1], [6])
+    nodes = [
+        helper.make_node("Identity", ["x"], ["y"]),
+        helper.make_node("Reshape", ["x", "s"], ["z"]),
+        helper.make_node("Identity", ["w"], ["v"]),
+    ]
+    model = make_model(nodes, [tensor("x", [2, 3])], [tensor("y", [2, 3]), tensor("z", [6]), tensor("v", [3])], [w, shape])
+    for passes in ("none", "all"):
+        sess = InferenceSession(model, passes=passes)
+        x = np.ones((2, 3), np.float32)
+        y, z, v = sess.run(None, {"x": x})
+        assert not np.shares_memory(y, x) and not np.shares_memory(z, x)
+        v[0] = 99
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[2], [1, 2, 3])
