@@ -245,3 +245,20 @@ def test_weights_packed_by_every_reader_are_released(out_plugin):
     x = _feed(0)
     for _ in range(2):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 12 + 3, rtol=1e-6)
+
+
+def test_in_place_never_writes_over_a_view_of_another_input():
+    """Add(Transpose(a), a) must not compute in place into the transposed view of a, across runs."""
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),
+        helper.make_node("Transpose", ["a"], ["t"]),
+        helper.make_node("Add", ["t", "a"], ["s"]),
+        helper.make_node("Neg", ["s"], ["y"]),
+    ]
+    model = make_model(nodes, [tensor("x", [64, 64])], [tensor("y", [64, 64])])
+    x = np.random.default_rng(0).standard_normal((64, 64)).astype(np.float32)
+    want = -(np.maximum(x, 0).T + np.maximum(x, 0))
+    for passes in ("none", "all"):
+        sess = InferenceSession(model, passes=passes)
+        for _ in range(3):  # the first run discovers, later ones run the arena plan
+            np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
