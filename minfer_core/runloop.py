@@ -54,25 +54,7 @@ def execute(vals: list[Any], steps: Sequence[Step]) -> None:
 
 def execute_observed(vals: list[Any], steps: Sequence[Step], nodes: Sequence[Node], observers: Sequence[Any]) -> None:
     """`execute` with ``on_node_start(node)`` / ``on_node_end(node, outputs)`` around each node."""
-    i = 0
-    try:
-        for i, (fn, ins, out0, outs, free) in enumerate(steps):
-            node = nodes[i]
-            for ob in observers:
-                ob.on_node_start(node)
-            res = fn(*[vals[s] for s in ins])
-            results = res if type(res) is tuple or type(res) is list else (res,)
-            for ob in observers:
-                ob.on_node_end(node, results)
-            for slot, value in zip(outs, results):
-                vals[slot] = value
-            vals[0] = None
-            for slot in free:
-                vals[slot] = None
-    except MinferError:
-        raise
-    except Exception as exc:
-        raise _fail(i, steps, vals) from exc
+    execute_watching(vals, steps, nodes, observers, None)
 
 
 def execute_watching(
@@ -80,9 +62,10 @@ def execute_watching(
     steps: Sequence[Step],
     nodes: Sequence[Node],
     observers: Sequence[Any],
-    observed: dict[int, tuple[tuple[int, ...], np.dtype]],
+    observed: dict[int, tuple[tuple[int, ...], np.dtype]] | None,
 ) -> list[frozenset[tuple[int, int]]]:
-    """The discovery loop: also records each output's shape and which inputs it shares memory with."""
+    """The observed loop; with ``observed``, the discovery loop that also records each output's
+    shape (into ``observed``) and which inputs it shares memory with (returned per step)."""
     seen: list[frozenset[tuple[int, int]]] = []
     i = 0
     try:
@@ -95,10 +78,12 @@ def execute_watching(
             results = res if type(res) is tuple or type(res) is list else (res,)
             for ob in observers:
                 ob.on_node_end(node, results)
-            seen.append(shared_memory(results, args))
+            if observed is not None:
+                seen.append(shared_memory(results, args))
+                for slot, value in zip(outs, results):
+                    if slot and isinstance(value, np.ndarray):
+                        observed[slot] = (value.shape, value.dtype)
             for slot, value in zip(outs, results):
-                if slot and isinstance(value, np.ndarray):
-                    observed[slot] = (value.shape, value.dtype)
                 vals[slot] = value
             vals[0] = None
             for slot in free:
