@@ -23,6 +23,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, onnx_op, op, same_as_input
+from .parallel import intra_op_threads, parallel_for
 from .tensor import Dim, Tensor, TensorType
 
 __version__ = "0.1.0"
@@ -83,11 +84,13 @@ __all__ = [
     "hookimpl",
     "hookspec",
     "infer_types",
+    "intra_op_threads",
     "kernel",
     "load_model",
     "onnx_dtype",
     "onnx_op",
     "op",
+    "parallel_for",
     "same_as_input",
     "save_model",
     "to_model_proto",

@@ -24,6 +24,7 @@ from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
 from .runloop import StepFailure, execute, execute_observed, execute_watching
+from .parallel import using_threads
 from .threads import AutoThreads, set_blas_threads
 from .plugins import Registry, active_registry, get_registry, provider_hint
 from .tensor import TensorType
@@ -78,8 +79,9 @@ class Engine:
         threads: int | str | None = "auto",
     ) -> None:
         self.registry = registry or get_registry()
-        # numpy BLAS threads during run(): a count, "auto" (all cores unless other processes keep one
-        # busy: see threads.AutoThreads), or None to leave numpy's setting alone
+        # intra-op threads during run(): a count, "auto" (all cores unless other processes keep one busy:
+        # see threads.AutoThreads), or None to run kernels serially and leave numpy's BLAS setting alone.
+        # Kernels split their work over these threads (parallel.py); BLAS then runs one thread per call.
         self.threads = threads
         self._auto = AutoThreads() if threads == "auto" else None
         graph = model.copy() if isinstance(model, Graph) else load_model(model)
@@ -202,17 +204,23 @@ class Engine:
         vals = list(self._template)
         sig = self._check_feeds(feeds, vals)
         want = self._auto.choose() if self._auto is not None else self.threads if isinstance(self.threads, int) else None
-        previous = set_blas_threads(want) if want else None
+        # kernels split their own work over ``want`` threads (parallel.py); numpy's BLAS runs one thread per call
+        previous = set_blas_threads(1) if want else None
         try:
-            if intermediate:
-                self._execute(vals, self._unfreed, observers)
-                outputs = [self._owned(vals, self.slots[n], feeds) for n in names]
-                return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
-            self._run_signature(sig, vals, observers)
-            return [self._owned(vals, self.slots[n], feeds) for n in names]
+            with using_threads(want or 1):
+                return self._run_threaded(names, feeds, intermediate, observers, vals, sig)
         finally:
-            if previous is not None and previous != want:
+            if previous is not None and previous != 1:
                 set_blas_threads(previous)
+
+    def _run_threaded(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any],
+                      vals: list[Any], sig: Signature) -> Any:
+        if intermediate:
+            self._execute(vals, self._unfreed, observers)
+            outputs = [self._owned(vals, self.slots[n], feeds) for n in names]
+            return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
+        self._run_signature(sig, vals, observers)
+        return [self._owned(vals, self.slots[n], feeds) for n in names]
 
     def _alias_sources(self, order: list[Node], kernels: list[Kernel]) -> dict[int, tuple[int, ...]]:
         """Per graph-output slot, the feed and initializer slots its value may be a view of.

@@ -67,6 +67,8 @@ class Kernel:
     inplace: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     views: bool | None = None
     packed: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
+    # the run callable accepts ``epilogue=fn``: see docs/kernel-contract.md
+    epilogue: bool = False
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -77,7 +79,10 @@ class Kernel:
         """The keyword-only parameters of the kernel function, with their defaults."""
         params = inspect.signature(self.fn).parameters.values()
         # ``out`` is the planner's buffer, not an ONNX attribute
-        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and not (self.out and p.name == "out")}
+        run_only = {"out"} if self.out else set()
+        if self.epilogue:
+            run_only.add("epilogue")
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in run_only}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
@@ -95,11 +100,15 @@ def kernel(
     inplace: Sequence[int] = (),
     views: bool | None = None,
     packed: Sequence[int] = (),
+    epilogue: bool = False,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on.
 
     ``out``, ``inplace``, ``views`` and ``packed`` are the memory declarations
     described in the module docstring and docs/kernel-contract.md.
+    ``epilogue=True``: the run callable takes ``epilogue=fn`` and calls
+    ``fn(y, region)`` on each finished part of its output (a fused op's
+    residual and activation applied while that part is still in cache).
     """
     if inplace and not out:
         raise ValueError(f"kernel {op_type}: inplace=... needs out=True (in-place means writing into out)")
@@ -109,7 +118,7 @@ def kernel(
     def wrap(fn: Callable[..., Any]) -> Kernel:
         return Kernel(
             op_type, fn, domain, since, provider, priority, prepare,
-            out=out, inplace=inplace, views=views, packed=packed,
+            out=out, inplace=inplace, views=views, packed=packed, epilogue=epilogue,
         )
 
     return wrap

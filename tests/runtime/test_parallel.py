@@ -1,0 +1,117 @@
+"""Intra-op parallelism: parallel_for covers its range once, runs concurrently in a session, propagates errors."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import minfer_core
+from minfer_core import intra_op_threads, parallel_for
+from minfer_core.parallel import ThreadPool, using_threads
+
+
+def _cover(n: int, parts: int | None = None) -> tuple[list[tuple[int, int]], set[str]]:
+    seen: list[tuple[int, int]] = []
+    names: set[str] = set()
+    lock = threading.Lock()
+
+    def fn(lo: int, hi: int) -> None:
+        with lock:
+            seen.append((lo, hi))
+            names.add(threading.current_thread().name)
+
+    parallel_for(n, fn, parts=parts)
+    return sorted(seen), names
+
+
+@pytest.mark.parametrize("n,parts", [(1, None), (2, None), (7, None), (100, 3), (5, 9)])
+def test_ranges_cover_exactly_once(n, parts):
+    with using_threads(2):
+        seen, _ = _cover(n, parts)
+    covered = [i for lo, hi in seen for i in range(lo, hi)]
+    assert covered == list(range(n))
+    assert all(lo < hi for lo, hi in seen)
+
+
+def test_serial_outside_a_parallel_block():
+    assert intra_op_threads() == 1
+    seen, names = _cover(10)
+    assert seen == [(0, 10)] and names == {threading.current_thread().name}
+
+
+def test_work_runs_on_two_threads():
+    barrier = threading.Barrier(2, timeout=10)  # only passes if both halves run at the same time
+
+    def fn(lo: int, hi: int) -> None:
+        barrier.wait()
+
+    with using_threads(2):
+        assert intra_op_threads() == 2
+        parallel_for(2, fn)
+
+
+def test_errors_reach_the_caller_after_all_parts_end():
+    done = []
+
+    def fn(lo: int, hi: int) -> None:
+        if lo == 0:
+            raise ValueError("part 0 failed")
+        done.append(lo)
+
+    with using_threads(2), pytest.raises(ValueError, match="part 0 failed"):
+        parallel_for(2, fn)
+    assert done == [1]
+    # the pool still works afterwards
+    with using_threads(2):
+        seen, _ = _cover(4)
+    assert [i for lo, hi in seen for i in range(lo, hi)] == [0, 1, 2, 3]
+
+
+def test_nested_parallel_for_runs_serially_in_workers():
+    inner: list[int] = []
+
+    def outer(lo: int, hi: int) -> None:
+        parallel_for(3, lambda a, b: inner.extend(range(a, b)))
+
+    with using_threads(2):
+        parallel_for(2, outer)
+    assert sorted(inner) == [0, 0, 1, 1, 2, 2]
+
+
+def test_pool_needs_a_thread():
+    with pytest.raises(ValueError):
+        ThreadPool(0)
+
+
+def test_session_runs_kernels_with_its_thread_count():
+    seen: list[int] = []
+
+    @minfer_core.kernel("Probe", domain="test.parallel")
+    def probe(x):
+        seen.append(intra_op_threads())
+        return x + 1
+
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Probe", ["x"], ["y"], domain="test.parallel")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid("test.parallel", 1)])
+
+    class Plugin:
+        @minfer_core.hookimpl
+        def register_kernels(self, register):
+            register(probe)
+
+        @minfer_core.hookimpl
+        def register_ops(self, register):
+            register(minfer_core.op("Probe", domain="test.parallel", infer=minfer_core.same_as_input))
+
+    with minfer_core.use_plugins(Plugin()):
+        for threads in (1, 2):
+            sess = minfer_core.InferenceSession(model, passes="none", threads=threads)
+            (y,) = sess.run(None, {"x": np.zeros(2, np.float32)})
+            np.testing.assert_array_equal(y, np.ones(2, np.float32))
+    assert seen[-1] == 2 and 1 in seen
