@@ -15,6 +15,8 @@ import math
 import numpy as np
 
 from . import _geometry as geo
+from . import tiles
+from .tiles import Tile, cut, run_tiles
 
 # (B^T, G, A^T) per output tile size m (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks")
 _MATRICES = {
@@ -32,6 +34,8 @@ MIN_TILES = 16
 MIN_CHANNELS = 64
 TILE = 2
 BLOCK_BYTES = 4 << 20
+# band sizes the conv's tuner tries (measured best on resnet50's 3x3 layers: 2 MiB at batch 1, 4 MiB at 8)
+TUNE_BYTES = (2 << 20, 4 << 20)
 
 
 def transform_weights(w: np.ndarray, m: int = TILE) -> np.ndarray:
@@ -79,12 +83,13 @@ def _input_transform(xp: np.ndarray, th: int, tw: int, m: int) -> np.ndarray:
     bt = _MATRICES[m][0]
     alpha = m + 2
     c, _, wp = xp.shape
-    rows = np.empty((alpha, c, th, wp), dtype=xp.dtype)
-    _combine(bt, [xp[:, i : i + m * th : m, :] for i in range(alpha)], rows, np.empty((c, th, wp), xp.dtype))
-    v = np.empty((alpha, alpha, c, th, tw), dtype=xp.dtype)
-    scratch = np.empty((c, th, tw), xp.dtype)
+    rows = tiles.scratch("winograd-rows", (alpha, c, th, wp), xp.dtype)
+    spare = tiles.scratch("winograd-spare", (c, th, wp), xp.dtype)
+    _combine(bt, [xp[:, i : i + m * th : m, :] for i in range(alpha)], rows, spare)
+    v = tiles.scratch("winograd-v", (alpha, alpha, c, th, tw), xp.dtype)
+    spare = spare.reshape(-1)[: c * th * tw].reshape(c, th, tw)
     for a in range(alpha):
-        _combine(bt, [rows[a][:, :, j : j + m * tw : m] for j in range(alpha)], v[a], scratch)
+        _combine(bt, [rows[a][:, :, j : j + m * tw : m] for j in range(alpha)], v[a], spare)
     return v.reshape(alpha * alpha, c, th * tw)
 
 
@@ -93,10 +98,10 @@ def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, m: int)
     at = _MATRICES[m][2]
     alpha = m + 2
     p = prod.reshape(alpha, alpha, -1, th, tw)
-    s = np.empty((m, alpha) + p.shape[2:], dtype=prod.dtype)
-    _combine(at, list(p), s, np.empty(p.shape[1:], prod.dtype))
-    o = np.empty((m,) + p.shape[2:], dtype=prod.dtype)
-    scratch = np.empty(p.shape[2:], prod.dtype)
+    s = tiles.scratch("winograd-s", (m, alpha) + p.shape[2:], prod.dtype)
+    _combine(at, list(p), s, tiles.scratch("winograd-spare", p.shape[1:], prod.dtype))
+    o = tiles.scratch("winograd-o", (m,) + p.shape[2:], prod.dtype)
+    scratch = tiles.scratch("winograd-spare", p.shape[2:], prod.dtype)
     for r in range(m):
         rows = y[:, r::m]
         if rows.shape[1] == 0:
@@ -107,34 +112,56 @@ def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, m: int)
             cols[...] = o[q][:, : rows.shape[1], : cols.shape[2]]
 
 
-def _block_rows(c: int, m_out: int, tw: int, m: int) -> int:
-    """Tile rows per block, so the transformed input and products stay near cache size."""
-    alpha = m + 2
-    return max(1, BLOCK_BYTES // (alpha * alpha * (c + m_out) * tw * 4))
+def plan(w: geo.Window, m: int | None = None, budget: int | None = None):
+    """The Winograd plan for one input geometry (output tiles m x m, TILE by default).
 
-
-def plan(w: geo.Window, m: int | None = None):
-    """The Winograd plan for one input geometry (output tiles m x m, TILE by default)."""
+    Tiles of the conv output (tiles.py) are bands of Winograd tile rows (and, for small images, output-channel
+    ranges); each band pads its own input rows, transforms them, runs the alpha^2 GEMMs and writes its rows.
+    """
     m = m or TILE
+    alpha = m + 2
     oh, ow = w.out_shape
     th, tw = math.ceil(oh / m), math.ceil(ow / m)
     bh, bw = w.begin
+    cache: dict[tuple[int, int, int], list[Tile]] = {}
 
-    def run(x: np.ndarray, p, y: np.ndarray) -> None:
+    def run(x: np.ndarray, p, y: np.ndarray, bias, epilogue) -> None:
         n, c, h, wd = x.shape
         u = p.winograd
         m_out = u.shape[1]
-        # zero canvas holding every input tile; x sits at the leading pad offsets
-        xp = np.zeros((n, c, m * th + 2, m * tw + 2), dtype=x.dtype)
-        xp[:, :, bh : bh + h, bw : bw + wd] = x[:, :, : m * th + 2 - bh, : m * tw + 2 - bw]
-        step = _block_rows(c, m_out, tw, m)
-        for i in range(n):
-            for t0 in range(0, th, step):
-                t1 = min(th, t0 + step)
-                v = _input_transform(xp[i, :, m * t0 : m * t1 + 2], t1 - t0, tw, m)
-                prod = np.empty((v.shape[0], m_out, v.shape[2]), dtype=x.dtype)
-                for k in range(v.shape[0]):
-                    np.matmul(u[k], v[k], out=prod[k])
-                _output_transform(prod, y[i, :, m * t0 : m * t1], t1 - t0, tw, m)
+        key = (n, c, m_out)
+        if key not in cache:
+            cache[key] = cut(n, m_out, th, tw, alpha * alpha * (c + m_out) * tw * x.itemsize, budget or BLOCK_BYTES,
+                             n * m_out * c * th * tw * alpha * alpha)
+
+        def band(t: Tile) -> None:
+            t0, t1 = t.r0, t.r1
+            # zero canvas holding this band's input tiles; x sits at the leading pad offsets
+            xp = tiles.scratch("winograd-canvas", (c, m * (t1 - t0) + 2, m * tw + 2), x.dtype)
+            top = m * t0 - bh  # input row at canvas row 0
+            lo, hi = max(0, top), min(h, top + xp.shape[1])
+            right = min(wd, m * tw + 2 - bw)
+            xp[...] = 0
+            if hi > lo:
+                xp[:, lo - top : hi - top, bw : bw + right] = x[t.image, :, lo:hi, :right]
+            v = _input_transform(xp, t1 - t0, tw, m)
+            mm = t.m1 - t.m0
+            prod = tiles.scratch("winograd-prod", (v.shape[0], mm, v.shape[2]), x.dtype)
+            for k in range(v.shape[0]):
+                np.matmul(u[k, t.m0 : t.m1], v[k], out=prod[k])
+            _output_transform(prod, y[t.image, t.m0 : t.m1, m * t0 : m * t1], t1 - t0, tw, m)
+            done = Tile(t.image, t.m0, t.m1, m * t0, min(oh, m * t1))
+            _finish(y, done, bias, epilogue)
+
+        run_tiles(cache[key], band)
 
     return run
+
+
+def _finish(y: np.ndarray, t: Tile, bias, epilogue) -> None:
+    region = t.region
+    if bias is not None:
+        part = y[region]
+        part += bias[t.m0 : t.m1]
+    if epilogue is not None:
+        epilogue(y, region)

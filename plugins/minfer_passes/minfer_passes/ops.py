@@ -106,6 +106,35 @@ ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2}
 PACKED = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,)}
 
 
+def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarray],
+                   act: Callable[..., Any] | None, params: list[float]) -> Callable[..., Any]:
+    """The fused run for a base kernel that takes ``epilogue=``: residual and activation per finished tile.
+
+    The base kernel writes each tile (into ``out``, never into an input: it declared ``out``) and hands it
+    over while it is still in cache; the tiles cover the output once, possibly from several threads.
+    """
+
+    def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
+        args = list(inputs[:arity])
+        z = inputs[arity] if len(inputs) > arity else None
+        for i, value in held.items():
+            if i < len(args):
+                args[i] = value
+        if z is None and act is None:
+            return fn(*args, out=out)
+
+        def finish(y: np.ndarray, region: tuple[slice, ...]) -> None:
+            part = y[region]
+            if z is not None:
+                np.add(part, z[region], out=part)
+            if act is not None:
+                act(part, params)
+
+        return fn(*args, out=out, epilogue=finish)
+
+    return run
+
+
 def _fused(base: str) -> Callable[..., Any]:
     arity, packed = ARITY[base], PACKED[base]
 
@@ -126,6 +155,8 @@ def _fused(base: str) -> Callable[..., Any]:
         writes_out = inner.out
         # a kernel that promised views=False never returns an input's memory: skip the overlap test
         may_alias = inner.views is not False
+        if inner.epilogue and writes_out:
+            return _with_epilogue(fn, arity, held, act, params)
 
         def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
             args = list(inputs[:arity])

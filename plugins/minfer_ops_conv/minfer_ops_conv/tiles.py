@@ -1,0 +1,102 @@
+"""How a conv method cuts its output into tiles, and the per-thread scratch buffers tiles work in.
+
+A tile is (image, output-channel range, output-row range): the unit one
+thread finishes completely (copy, GEMM, bias, the fused op's epilogue)
+while its operands are still in cache. Tiles are cut so that there are
+enough of them to keep every core busy when the conv is worth splitting,
+and small enough that a tile's scratch fits the budget the method gives.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+from typing import Callable, NamedTuple
+
+import numpy as np
+
+from minfer_core import parallel_for
+
+# how many parts a conv worth splitting is cut into at least: one per core this process may use
+SPLIT = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+# below this many multiply-adds (~50 us of GEMM here) a conv runs as one tile per image: hand-over costs more
+MIN_SPLIT_MACS = 4_000_000
+# a GEMM given fewer output columns than this runs far below peak: split output channels instead of rows
+MIN_COLUMNS = 64
+CHANNEL_ALIGN = 16
+
+Epilogue = Callable[[np.ndarray, tuple], None]
+"""A fused op's finishing step: ``epilogue(y, region)`` on one finished tile of y."""
+
+
+class Tile(NamedTuple):
+    image: int
+    m0: int
+    m1: int
+    r0: int
+    r1: int
+
+    @property
+    def region(self) -> tuple[slice, slice, slice]:
+        return (slice(self.image, self.image + 1), slice(self.m0, self.m1), slice(self.r0, self.r1))
+
+
+def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, macs: int) -> list[Tile]:
+    """Tiles over ``n`` images, ``m`` output channels and ``rows`` output rows of ``row_len`` columns.
+
+    ``row_bytes``: scratch one output row needs; rows per tile keep it under ``budget``.
+    ``macs``: multiply-adds of the whole conv, deciding whether splitting pays.
+    """
+    step = max(1, min(rows, budget // max(1, row_bytes)))
+    want = SPLIT if macs >= MIN_SPLIT_MACS else 1
+    m_parts = 1
+    per_image = math.ceil(want / n)
+    blocks = math.ceil(rows / step)
+    if blocks < per_image:
+        # more parts are needed from each image: rows while a part keeps a decent GEMM width, else channels
+        if rows >= per_image and math.ceil(rows / per_image) * row_len >= MIN_COLUMNS:
+            blocks = per_image
+        elif m >= 2 * CHANNEL_ALIGN:
+            m_parts = min(per_image, m // CHANNEL_ALIGN)
+    elif want > 1 and n * blocks % want:
+        # a count of equal blocks the threads share evenly (17 + 11 rows would leave one thread idle a third)
+        blocks = math.ceil(n * blocks / want) * want // n if want % n == 0 else blocks
+    step = math.ceil(rows / blocks)
+    m_bounds = [CHANNEL_ALIGN * round(m * k / m_parts / CHANNEL_ALIGN) if 0 < k < m_parts else m * k // m_parts
+                for k in range(m_parts + 1)]
+    return [Tile(i, m0, m1, r0, min(rows, r0 + step))
+            for i in range(n) for m0, m1 in zip(m_bounds, m_bounds[1:]) for r0 in range(0, rows, step)]
+
+
+def run_tiles(tiles: list[Tile], fn: Callable[[Tile], None]) -> None:
+    """``fn(tile)`` for every tile, over the session's intra-op threads (each tile taken by whoever is free)."""
+    if len(tiles) == 1:
+        fn(tiles[0])
+        return
+
+    def span(lo: int, hi: int) -> None:
+        for k in range(lo, hi):
+            fn(tiles[k])
+
+    parallel_for(len(tiles), span, parts=len(tiles))
+
+
+_local = threading.local()
+
+
+def scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A per-thread reusable buffer of this shape (contents undefined): no page faults for every tile.
+
+    One buffer per ``name`` per thread, grown to the largest size asked; a
+    method uses distinct names for buffers it needs at the same time.
+    """
+    dtype = np.dtype(dtype)
+    size = math.prod(shape) * dtype.itemsize
+    pool = getattr(_local, "buffers", None)
+    if pool is None:
+        pool = _local.buffers = {}
+    buf = pool.get(name)
+    if buf is None or buf.nbytes < size:
+        buf = pool[name] = np.empty(max(size, 1), dtype=np.uint8)
+    return buf[:size].view(dtype).reshape(shape)

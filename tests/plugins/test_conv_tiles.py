@@ -1,0 +1,132 @@
+"""Conv tiling: tiles cover the output once, every method (and tile size) is right with 1 and 2 threads,
+the epilogue sees each output element exactly once, and the tuner keeps a correct method."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from minfer_core.parallel import using_threads
+from minfer_ops_conv import conv, winograd
+from minfer_ops_conv.tiles import CHANNEL_ALIGN, MIN_COLUMNS, MIN_SPLIT_MACS, SPLIT, cut
+
+
+def _covered(tiles, n, m, rows):
+    seen = np.zeros((n, m, rows), dtype=int)
+    for t in tiles:
+        seen[t.image, t.m0 : t.m1, t.r0 : t.r1] += 1
+    return seen
+
+
+@pytest.mark.parametrize("n,m,rows,row_len,row_bytes,budget,macs", [
+    (1, 64, 56, 56, 30_000, 1 << 20, 10**8),     # rows split by budget, balanced for the threads
+    (1, 512, 7, 7, 150_000, 1 << 20, 10**8),     # narrow rows: split by output channels
+    (8, 64, 28, 28, 50_000, 4 << 20, 10**9),     # many images
+    (1, 8, 5, 5, 100, 1 << 20, 10**3),           # tiny: one tile
+    (3, 40, 1, 1, 10**7, 1 << 10, 10**8),        # one row larger than the budget
+    (1, 17, 3, 2, 100, 1 << 20, 10**8),          # too few rows and channels to split well
+])
+def test_tiles_cover_the_output_exactly_once(n, m, rows, row_len, row_bytes, budget, macs):
+    tiles = cut(n, m, rows, row_len, row_bytes, budget, macs)
+    assert (_covered(tiles, n, m, rows) == 1).all()
+    assert all(t.m0 < t.m1 and t.r0 < t.r1 for t in tiles)
+    if macs < MIN_SPLIT_MACS:
+        assert len(tiles) == n  # not worth splitting: one tile per image
+    elif SPLIT > 1 and n == 1:
+        wide = -(-rows // SPLIT) * row_len >= MIN_COLUMNS or m >= 2 * CHANNEL_ALIGN
+        # a conv worth splitting gives every thread work, unless its parts would be too narrow to run well
+        assert (len(tiles) >= 2) == wide
+
+
+def test_row_tiles_are_balanced_for_the_threads():
+    tiles = cut(1, 64, 28, 28, 229_000, 4 << 20, 10**8)  # 17 rows fit the budget: 17 + 11 would idle a thread
+    sizes = [t.r1 - t.r0 for t in tiles]
+    assert len(tiles) % SPLIT == 0 and max(sizes) - min(sizes) <= 1
+
+
+def _reference(x, w, b, pads, strides):
+    """Direct float64 conv: a sum over kernel taps of strided input slices."""
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - kh) // strides[0] + 1
+    ow = (xp.shape[3] - kw) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
+            y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), patch)
+    return y + b.reshape(1, -1, 1, 1)
+
+
+CASES = [
+    # (x shape, w shape, pads, strides): big enough that tiles split, odd sizes
+    ((1, 64, 17, 15), (64, 64, 3, 3), [1, 1, 1, 1], [1, 1]),
+    ((3, 32, 13, 11), (48, 32, 3, 3), [0, 1, 2, 1], [1, 1]),
+    ((2, 24, 20, 21), (40, 24, 1, 1), [0, 0, 0, 0], [1, 1]),
+    ((1, 96, 7, 7), (256, 96, 1, 1), [0, 0, 0, 0], [1, 1]),
+    ((2, 16, 23, 19), (32, 16, 3, 3), [1, 1, 1, 1], [2, 2]),
+    ((1, 3, 40, 40), (16, 3, 7, 7), [3, 3, 3, 3], [2, 2]),
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,ws,pads,strides", CASES)
+def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads, strides):
+    """Each candidate (im2col, pointwise, Winograd, both tile sizes) = conv + bias, epilogue once per element."""
+    monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "MIN_TILES", 1)
+    monkeypatch.setattr("minfer_ops_conv.tiles.MIN_SPLIT_MACS", 1)  # split even these small convs
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    want = _reference(x, w, b, pads, strides)
+    win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
+    p = conv.pack(w, 1, build_time=True)
+    plans = conv.candidates(win, p, xs[1])
+    assert len(plans) >= 2
+    lock = threading.Lock()
+    for plan in plans:
+        y = np.full(want.shape, np.nan, dtype=np.float32)
+        seen = np.zeros(want.shape, dtype=int)
+
+        def epilogue(out, region):
+            assert out is y
+            with lock:
+                seen[region] += 1
+            np.negative(out[region], out=out[region])  # a visible, once-only change
+
+        with using_threads(threads):
+            plan(x, p, y, conv._bias_column(b, 2, np.float32), epilogue)
+        assert (seen == 1).all(), plan
+        np.testing.assert_allclose(-y, want, rtol=1e-4, atol=1e-4)
+
+
+def test_tuner_keeps_a_correct_method_per_thread_count(monkeypatch):
+    monkeypatch.setattr(conv, "TUNE", True)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((1, 64, 20, 20)).astype(np.float32)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
+    b = np.zeros(64, np.float32)
+    win = conv.geo.window((20, 20), (3, 3), pads=[1, 1, 1, 1], clamp_same=True)
+    p = conv.pack(w, 1, build_time=True)
+    plan = conv.plan_for(win, p, 64)
+    assert isinstance(plan, conv.Tuned)
+    want = _reference(x, w, b, [1, 1, 1, 1], [1, 1])
+    for threads in (1, 2, 1):
+        y = np.empty(want.shape, np.float32)
+        with using_threads(threads):
+            plan(x, p, y, None, None)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    assert set(plan.choice) == {1, 2} and all(c in plan.plans for c in plan.choice.values())
+
+
+def test_tuning_off_takes_the_first_candidate(monkeypatch):
+    monkeypatch.setattr(conv, "TUNE", False)
+    w = np.ones((64, 64, 3, 3), np.float32)
+    win = conv.geo.window((20, 20), (3, 3), pads=[1, 1, 1, 1], clamp_same=True)
+    plan = conv.plan_for(win, conv.pack(w, 1, build_time=True), 64)
+    assert not isinstance(plan, conv.Tuned)
