@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from minfer_core import Pass, hookimpl
 
-from . import activation, algebra, elimination, fusion, folding, layout, ops, portable, residual, shapes
+from . import activation, affine, algebra, elimination, fusion, folding, layout, ops, portable, residual, shapes
 from ._util import fixpoint
 
 
@@ -56,18 +56,21 @@ PASSES = [
           after=("conv_bn_fusion", "affine_fusion", "identity_elimination"), rtol=1e-5, atol=1e-6),
     _pass(activation.activation_fusion, "extended", requires=TYPED,
           after=("conv_bn_fusion", "affine_fusion", "matmul_add_to_gemm"), rtol=1e-5, atol=1e-6),
+    Pass("channel_affine_fusion", affine.channel_affine_fusion, "all", requires=TYPED,
+         after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns=affine.patterns),
     _pass(portable.expand_fused, "basic", role="portable"),
 ]
 
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS)
+    register(ops.OPS, affine.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS)
+    register(ops.KERNELS, affine.KERNELS)
 
 
 @hookimpl

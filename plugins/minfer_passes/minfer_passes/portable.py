@@ -8,7 +8,8 @@ same outputs. Each fused node becomes the nodes it was made from:
   residual Z when FusedConv has one, then the activation when there is one
   (Clip with min/max inputs from opset 11, attributes before it);
 - ``BinaryScalar`` -> Add/Sub/Mul/Div with a 0-d initializer;
-- ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers.
+- ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers;
+- ``ChannelAffine`` -> BatchNormalization with mean 0, var 1, epsilon 0 (see `affine`), then the activation.
 
 Exact: it is the reverse of the fusions, computing the same operations.
 """
@@ -20,6 +21,7 @@ import numpy as np
 from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, fresh, opset, replace
+from .affine import expand_channel_affine
 from .ops import ARITY, BASE_OPS
 
 
@@ -96,6 +98,7 @@ EXPANDERS = {
     "FusedMatMul": _expand_fused,
     "BinaryScalar": _expand_scalar,
     "WeightedSum": _expand_weighted_sum,
+    "ChannelAffine": expand_channel_affine,
 }
 
 
