@@ -9,7 +9,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from minfer_core import intra_op_threads, kernel
+from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import _geometry as geo
 from . import winograd
@@ -120,6 +120,39 @@ TILE_BYTES = 1 << 20
 TUNE_BYTES = (1 << 20, 4 << 20)
 
 
+def _padded(x: np.ndarray, w: geo.Window) -> np.ndarray:
+    """x zero-padded as ``w`` asks, in this thread's reusable scratch (a run allocates nothing).
+
+    Only the border is zeroed; the copy of the interior is split over the intra-op threads by channel planes.
+    """
+    if not w.padded:
+        return x
+    if any(b < 0 for b in w.begin) or any(e < 0 for e in w.end):
+        return geo.pad(x, w)  # SAME with stride > kernel crops: rare, keep the general path
+    lead = x.ndim - len(w.in_shape)
+    shape = x.shape[:lead] + tuple(i + b + e for i, b, e in zip(w.in_shape, w.begin, w.end))
+    xp = scratch("conv-pad", shape, x.dtype)
+    for d, (b, i) in enumerate(zip(w.begin, w.in_shape)):
+        axis = (slice(None),) * (lead + d)
+        xp[axis + (slice(0, b),)] = 0
+        xp[axis + (slice(b + i, None),)] = 0
+    inner = tuple(slice(b, b + i) for b, i in zip(w.begin, w.in_shape))
+    planes, src = xp.reshape((-1,) + shape[lead:]), x.reshape((-1,) + x.shape[lead:])
+
+    def copy(lo: int, hi: int) -> None:
+        planes[(slice(lo, hi),) + inner] = src[lo:hi]
+
+    if x.nbytes >= PARALLEL_COPY_BYTES:
+        parallel_for(len(src), copy)
+    else:
+        copy(0, len(src))
+    return xp
+
+
+# copies smaller than this are not worth handing to another thread (~15 us hand-over)
+PARALLEL_COPY_BYTES = 256 << 10
+
+
 def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
     """General conv: strided im2col view of the padded input, copied slab by slab, one GEMM per slab.
 
@@ -139,7 +172,7 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
             tiles = cut(n, mg * g if g == 1 else 1, rows, row_len, g * (k + mg) * row_len * x.itemsize, budget,
                         n * g * mg * k * rows * row_len)
             cache[key] = [t._replace(m1=g * mg) for t in tiles] if g > 1 else tiles
-        view = geo.im2col_view(geo.pad(x, w), w)
+        view = geo.im2col_view(_padded(x, w), w)
 
         def tile(t: Tile) -> None:
             span = (t.r1 - t.r0) * row_len
