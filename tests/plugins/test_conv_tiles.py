@@ -40,6 +40,21 @@ def test_tiles_cover_the_output_exactly_once(n, m, rows, row_len, row_bytes, bud
         assert (len(tiles) >= 2) == wide
 
 
+@pytest.mark.parametrize("n", [4, 5, 8, 9])  # (2 images on 2 threads: one each, no merge)
+def test_small_maps_merge_whole_images(n):
+    tiles = cut(n, 64, 4, 4, 1000, 4 << 20, 10**9, merge_columns=128)
+    assert (_covered_images(tiles, n, 64, 4) == 1).all()
+    assert all(t.r0 == 0 and t.r1 == 4 and t.m0 == 0 and t.m1 == 64 for t in tiles)
+    assert max(t.images for t in tiles) > 1 and len(tiles) >= min(n, SPLIT)
+
+
+def _covered_images(tiles, n, m, rows):
+    seen = np.zeros((n, m, rows), dtype=int)
+    for t in tiles:
+        seen[t.image : t.image + t.images, t.m0 : t.m1, t.r0 : t.r1] += 1
+    return seen
+
+
 def test_row_tiles_are_balanced_for_the_threads():
     tiles = cut(1, 64, 28, 28, 229_000, 4 << 20, 10**8)  # 17 rows fit the budget: 17 + 11 would idle a thread
     sizes = [t.r1 - t.r0 for t in tiles]
@@ -69,6 +84,7 @@ CASES = [
     ((1, 96, 7, 7), (256, 96, 1, 1), [0, 0, 0, 0], [1, 1]),
     ((2, 16, 23, 19), (32, 16, 3, 3), [1, 1, 1, 1], [2, 2]),
     ((1, 3, 40, 40), (16, 3, 7, 7), [3, 3, 3, 3], [2, 2]),
+    ((5, 32, 7, 9), (40, 32, 3, 3), [1, 1, 1, 1], [1, 1]),  # small maps: Winograd merges images per GEMM
 ]
 
 

@@ -36,20 +36,30 @@ class Tile(NamedTuple):
     m1: int
     r0: int
     r1: int
+    images: int = 1  # a tile of a small map may span several images (methods that merge them say so)
 
     @property
     def region(self) -> tuple[slice, slice, slice]:
-        return (slice(self.image, self.image + 1), slice(self.m0, self.m1), slice(self.r0, self.r1))
+        return (slice(self.image, self.image + self.images), slice(self.m0, self.m1), slice(self.r0, self.r1))
 
 
-def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, macs: int) -> list[Tile]:
+def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, macs: int,
+        merge_columns: int = 0) -> list[Tile]:
     """Tiles over ``n`` images, ``m`` output channels and ``rows`` output rows of ``row_len`` columns.
 
     ``row_bytes``: scratch one output row needs; rows per tile keep it under ``budget``.
     ``macs``: multiply-adds of the whole conv, deciding whether splitting pays.
+    ``merge_columns``: a method that can put several images in one GEMM asks for tiles of whole images,
+    as many as make about this many columns, when one image has fewer (threads still each get a tile).
     """
-    step = max(1, min(rows, budget // max(1, row_bytes)))
     want = SPLIT if macs >= MIN_SPLIT_MACS else 1
+    per_image = rows * row_len
+    if merge_columns and n > 1 and per_image < merge_columns:
+        k = min(math.ceil(merge_columns / per_image), max(1, budget // max(1, rows * row_bytes)),
+                max(1, n // want))
+        if k > 1:
+            return [Tile(i, 0, m, 0, rows, min(k, n - i)) for i in range(0, n, k)]
+    step = max(1, min(rows, budget // max(1, row_bytes)))
     m_parts = 1
     per_image = math.ceil(want / n)
     blocks = math.ceil(rows / step)

@@ -34,6 +34,9 @@ MIN_TILES = 16
 MIN_CHANNELS = 64
 TILE = 2
 BLOCK_BYTES = 4 << 20
+# small images are transformed together, up to about this many tiles per GEMM: a 7x7 map has only 16 tiles,
+# and 16 GEMMs of [M, C] x [C, 16] spend more time packing the weights than multiplying
+MERGE_TILES = 128
 # band sizes the conv's tuner tries (measured best on resnet50's 3x3 layers: 2 MiB at batch 1, 4 MiB at 8)
 TUNE_BYTES = (2 << 20, 4 << 20)
 
@@ -76,40 +79,41 @@ def _combine(mat: np.ndarray, planes: list[np.ndarray], out: np.ndarray, scratch
 
 
 def _input_transform(xp: np.ndarray, th: int, tw: int, m: int) -> np.ndarray:
-    """B^T d B for every (m+2)-square tile (stride m) of one padded image: (alpha^2, C, th*tw).
+    """B^T d B for every (m+2)-square tile (stride m) of padded planes xp (C, *images, rows, cols).
 
-    Rows first on whole contiguous image rows, then columns on the row-transformed planes.
+    Returns (alpha^2, C, images * th * tw). Rows first on whole contiguous image rows, then columns on
+    the row-transformed planes.
     """
     bt = _MATRICES[m][0]
     alpha = m + 2
-    c, _, wp = xp.shape
-    rows = tiles.scratch("winograd-rows", (alpha, c, th, wp), xp.dtype)
-    spare = tiles.scratch("winograd-spare", (c, th, wp), xp.dtype)
-    _combine(bt, [xp[:, i : i + m * th : m, :] for i in range(alpha)], rows, spare)
-    v = tiles.scratch("winograd-v", (alpha, alpha, c, th, tw), xp.dtype)
-    spare = spare.reshape(-1)[: c * th * tw].reshape(c, th, tw)
+    lead, wp = xp.shape[:-2], xp.shape[-1]
+    rows = tiles.scratch("winograd-rows", (alpha,) + lead + (th, wp), xp.dtype)
+    spare = tiles.scratch("winograd-spare", lead + (th, wp), xp.dtype)
+    _combine(bt, [xp[..., i : i + m * th : m, :] for i in range(alpha)], rows, spare)
+    v = tiles.scratch("winograd-v", (alpha, alpha) + lead + (th, tw), xp.dtype)
+    spare = spare.reshape(-1)[: math.prod(lead) * th * tw].reshape(lead + (th, tw))
     for a in range(alpha):
-        _combine(bt, [rows[a][:, :, j : j + m * tw : m] for j in range(alpha)], v[a], spare)
-    return v.reshape(alpha * alpha, c, th * tw)
+        _combine(bt, [rows[a][..., j : j + m * tw : m] for j in range(alpha)], v[a], spare)
+    return v.reshape(alpha * alpha, lead[0], -1)
 
 
 def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, m: int) -> None:
-    """A^T p A for every tile, scattered into y (M, rows, ow) with stride-m interleaving."""
+    """A^T p A for every tile, scattered into y (M, *images, rows, ow) with stride-m interleaving."""
     at = _MATRICES[m][2]
     alpha = m + 2
-    p = prod.reshape(alpha, alpha, -1, th, tw)
+    p = prod.reshape((alpha, alpha) + y.shape[:-2] + (th, tw))
     s = tiles.scratch("winograd-s", (m, alpha) + p.shape[2:], prod.dtype)
     _combine(at, list(p), s, tiles.scratch("winograd-spare", p.shape[1:], prod.dtype))
     o = tiles.scratch("winograd-o", (m,) + p.shape[2:], prod.dtype)
     scratch = tiles.scratch("winograd-spare", p.shape[2:], prod.dtype)
     for r in range(m):
-        rows = y[:, r::m]
-        if rows.shape[1] == 0:
+        rows = y[..., r::m, :]
+        if rows.shape[-2] == 0:
             continue
         _combine(at, list(s[r]), o, scratch)
         for q in range(m):
-            cols = rows[:, :, q::m]
-            cols[...] = o[q][:, : rows.shape[1], : cols.shape[2]]
+            cols = rows[..., q::m]
+            cols[...] = o[q][..., : rows.shape[-2], : cols.shape[-1]]
 
 
 def plan(w: geo.Window, m: int | None = None, budget: int | None = None):
@@ -132,26 +136,27 @@ def plan(w: geo.Window, m: int | None = None, budget: int | None = None):
         key = (n, c, m_out)
         if key not in cache:
             cache[key] = cut(n, m_out, th, tw, alpha * alpha * (c + m_out) * tw * x.itemsize, budget or BLOCK_BYTES,
-                             n * m_out * c * th * tw * alpha * alpha)
+                             n * m_out * c * th * tw * alpha * alpha, merge_columns=MERGE_TILES)
 
         def band(t: Tile) -> None:
-            t0, t1 = t.r0, t.r1
-            # zero canvas holding this band's input tiles; x sits at the leading pad offsets
-            xp = tiles.scratch("winograd-canvas", (c, m * (t1 - t0) + 2, m * tw + 2), x.dtype)
+            t0, t1, k = t.r0, t.r1, t.images
+            # zero canvas holding this band's input tiles, channels first so that the transformed tiles of
+            # all its images form one GEMM operand; x sits at the leading pad offsets
+            xp = tiles.scratch("winograd-canvas", (c, k, m * (t1 - t0) + 2, m * tw + 2), x.dtype)
             top = m * t0 - bh  # input row at canvas row 0
-            lo, hi = max(0, top), min(h, top + xp.shape[1])
+            lo, hi = max(0, top), min(h, top + xp.shape[2])
             right = min(wd, m * tw + 2 - bw)
             xp[...] = 0
             if hi > lo:
-                xp[:, lo - top : hi - top, bw : bw + right] = x[t.image, :, lo:hi, :right]
+                xp[:, :, lo - top : hi - top, bw : bw + right] = \
+                    x[t.image : t.image + k, :, lo:hi, :right].transpose(1, 0, 2, 3)
             v = _input_transform(xp, t1 - t0, tw, m)
-            mm = t.m1 - t.m0
-            prod = tiles.scratch("winograd-prod", (v.shape[0], mm, v.shape[2]), x.dtype)
-            for k in range(v.shape[0]):
-                np.matmul(u[k, t.m0 : t.m1], v[k], out=prod[k])
-            _output_transform(prod, y[t.image, t.m0 : t.m1, m * t0 : m * t1], t1 - t0, tw, m)
-            done = Tile(t.image, t.m0, t.m1, m * t0, min(oh, m * t1))
-            _finish(y, done, bias, epilogue)
+            prod = tiles.scratch("winograd-prod", (v.shape[0], t.m1 - t.m0, v.shape[2]), x.dtype)
+            for j in range(v.shape[0]):
+                np.matmul(u[j, t.m0 : t.m1], v[j], out=prod[j])
+            target = y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1].transpose(1, 0, 2, 3)
+            _output_transform(prod, target, t1 - t0, tw, m)
+            _finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
 
         run_tiles(cache[key], band)
 
