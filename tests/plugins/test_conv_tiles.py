@@ -146,3 +146,24 @@ def test_tuning_off_takes_the_first_candidate(monkeypatch):
     win = conv.geo.window((20, 20), (3, 3), pads=[1, 1, 1, 1], clamp_same=True)
     plan = conv.plan_for(win, conv.pack(w, 1, build_time=True), 64)
     assert not isinstance(plan, conv.Tuned)
+
+
+@pytest.mark.parametrize("winner,kept", [(0, False), (-1, True)])
+def test_winograd_weights_are_held_only_while_a_chosen_method_uses_them(monkeypatch, winner, kept):
+    """Tuning makes the Winograd weights; when im2col wins for every shape they are dropped again."""
+    monkeypatch.setattr(conv, "TUNE", True)
+    monkeypatch.setattr(conv.Tuned, "_fastest", lambda self, x, p, y: (p.winograd_weights(), self.plans[winner])[1])
+    packs: list[conv.Packed] = []
+    real_pack = conv.pack
+    monkeypatch.setattr(conv, "pack", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])
+    rng = np.random.default_rng(5)
+    w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
+
+    class Ctx:
+        constants = [None, w, None]
+
+    run = conv.conv.fn(Ctx(), pads=[1, 1, 1, 1])
+    x = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
+    y = run(x, None)
+    np.testing.assert_allclose(y, _reference(x, w, np.zeros(64), [1, 1, 1, 1], [1, 1]), rtol=1e-4, atol=1e-4)
+    assert packs[0].has_winograd_weights is kept

@@ -16,32 +16,49 @@ from . import winograd
 from .tiles import Epilogue, Tile, cut, run_tiles, scratch
 
 
-@attrs.frozen
+@attrs.define(eq=False)
 class Packed:
-    """Conv weights laid out once for the GEMM: ``matrix`` is (G, M/G, C/G * prod(kernel))."""
+    """Conv weights laid out once for the GEMM: ``matrix`` is (G, M/G, C/G * prod(kernel)).
+
+    Winograd weights (16/9 the size of the conv's) are made when a shape first tries the Winograd
+    method and dropped again when the tuner chose another method for every shape seen: holding them
+    for every 3x3 conv cost vgg19 140 MB it mostly did not use. ``constant``: the weights are the
+    model's (packed once at build); per-run weights never try Winograd (transforming them each run
+    would cost more than it saves).
+    """
 
     group: int
     out_channels: int
     kernel: tuple[int, ...]
     matrix: np.ndarray
     depthwise: np.ndarray | None  # (C, prod(kernel)) when group == C == M
-    winograd: np.ndarray | None = None  # (16, M, C) for 3x3 single-group weights known at build time
+    constant: bool = False
+    _winograd: np.ndarray | None = None
+
+    def winograd_weights(self) -> np.ndarray:
+        """(16, M, C): G g G^T per filter, made on first use."""
+        if self._winograd is None:
+            w = self.matrix.reshape((self.out_channels, -1) + self.kernel)
+            self._winograd = winograd.transform_weights(w)
+        return self._winograd
+
+    @property
+    def has_winograd_weights(self) -> bool:
+        return self._winograd is not None
+
+    def drop_winograd(self) -> None:
+        self._winograd = None
 
 
 def pack(w: np.ndarray, group: int, build_time: bool = False) -> Packed:
-    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs.
-
-    Winograd weights are made only at build time: transforming per run would cost more than it saves.
-    """
+    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs."""
     m, cg = w.shape[:2]
     kernel = tuple(w.shape[2:])
     matrix = np.ascontiguousarray(w.reshape(group, m // group, -1))
     depthwise = None
     if group > 1 and cg == 1 and m == group:
         depthwise = np.ascontiguousarray(w.reshape(m, -1))
-    wide = min(m, cg) >= winograd.MIN_CHANNELS
-    wino = winograd.transform_weights(w) if build_time and group == 1 and kernel == (3, 3) and wide else None
-    return Packed(group, m, kernel, matrix, depthwise, wino)
+    return Packed(group, m, kernel, matrix, depthwise, constant=build_time)
 
 
 Plan = Callable[[np.ndarray, Packed, np.ndarray, "np.ndarray | None", "Epilogue | None"], None]
@@ -232,12 +249,14 @@ class Tuned:
     The first call with a thread count runs every candidate twice into the output (no bias, no epilogue:
     both must be applied once) and keeps the quickest by its better time, then computes the real result
     with it. Which method wins depends on the shape, the BLAS and the cores: Winograd's 2.25x fewer
-    multiplies lost to im2col on small images here, whose GEMMs are too narrow to run near peak.
+    multiplies lost to im2col on resnet50's batch-1 layers here (its GEMMs are too narrow on 14x14 and
+    7x7 maps) and won on vgg19's 28x28 ones by 2x. ``settled`` is called after each choice.
     """
 
-    def __init__(self, plans: list[Plan]) -> None:
+    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None) -> None:
         self.plans = plans
         self.choice: dict[int, Plan] = {}
+        self.settled = settled
 
     def __call__(self, x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None,
                  epilogue: Epilogue | None) -> None:
@@ -245,6 +264,8 @@ class Tuned:
         plan = self.choice.get(threads)
         if plan is None:
             plan = self.choice[threads] = self._fastest(x, p, y)
+            if self.settled is not None:
+                self.settled()
         plan(x, p, y, bias, epilogue)
 
     def _fastest(self, x: np.ndarray, p: Packed, y: np.ndarray) -> Plan:
@@ -258,11 +279,20 @@ class Tuned:
                     best, best_time = plan, took
         return best
 
+    @property
+    def chosen(self) -> list[Plan]:
+        return list(self.choice.values())
 
-def plan_for(w: geo.Window, p: Packed, channels: int) -> Plan:
+
+def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None] | None = None) -> Plan:
     """The method for this weight and input geometry, chosen once per shape (by timing, when several apply)."""
     plans = candidates(w, p, channels)
-    return plans[0] if len(plans) == 1 or not TUNE else Tuned(plans)
+    return plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled)
+
+
+def _uses_winograd(plan: Plan) -> bool:
+    chosen = plan.chosen if isinstance(plan, Tuned) else [plan]
+    return any(getattr(c, "winograd", False) for c in chosen)
 
 
 def _bias_column(b: np.ndarray, rank: int, dtype: np.dtype) -> np.ndarray:
@@ -280,13 +310,18 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     columns: dict[np.dtype, np.ndarray] = {}
     plans: dict[tuple[int, ...], tuple[Plan, tuple[int, ...]]] = {}
 
+    def settled() -> None:
+        # drop the Winograd weights when no shape's chosen method uses them (they are remade if one tries)
+        if fixed is not None and fixed.has_winograd_weights and not any(_uses_winograd(pl) for pl, _ in plans.values()):
+            fixed.drop_winograd()
+
     def run(x, w, b=None, *, out=None, epilogue=None):
         p = fixed if fixed is not None else pack(w, group)
         key = x.shape[1:]
         if key not in plans:
             win = geo.window(x.shape[2:], p.kernel, strides=strides, dilations=dilations, pads=pads, auto_pad=auto_pad,
                              clamp_same=True)
-            plans[key] = (plan_for(win, p, x.shape[1]), win.out_shape)
+            plans[key] = (plan_for(win, p, x.shape[1], settled), win.out_shape)
         plan, out_shape = plans[key]
         y = out if out is not None else np.empty((x.shape[0], p.out_channels) + out_shape, dtype=x.dtype)
         if fixed_bias is not None:
