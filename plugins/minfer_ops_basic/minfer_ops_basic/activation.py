@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable
 
@@ -9,9 +10,11 @@ import numpy as np
 
 from minfer_core import kernel
 
-from .elementwise import arr, as_float, declare, erf, erf32, into, is_exotic, on_1d, scalar, unary_kernels
+from .elementwise import (SPLIT_CHEAP, SPLIT_COSTLY, arr, as_float, declare, erf, erf32, into, is_exotic, on_1d,
+                          scalar, split_flat, unary_kernels)
 
 F32_MAX = 3.4028234663852886e38
+BLOCK = 1 << 16  # elements per block of the blocked kernels below: their scratch stays in L2
 
 
 def _apply(x: np.ndarray, fn: Callable[[np.ndarray], Any]) -> np.ndarray:
@@ -20,22 +23,49 @@ def _apply(x: np.ndarray, fn: Callable[[np.ndarray], Any]) -> np.ndarray:
         return arr(on_1d(fn, as_float(x)), x.dtype)
 
 
-def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """Logistic function without overflow: exp only ever sees -|x|; e/(1+e) keeps negatives accurate."""
-    e = np.abs(x, out=np.empty(x.shape, x.dtype))  # a real array even when x is 0-d
+def _blocks(x: np.ndarray, out: np.ndarray | None, step: Callable[..., None]) -> np.ndarray:
+    """``step(x_block, out_block)`` over flat blocks of at most BLOCK elements (out may be x)."""
+    res = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, x.dtype)
+    flat, dst = np.ascontiguousarray(x).reshape(-1), res.reshape(-1)  # res is C-contiguous: a view
+    for i in range(0, flat.size, BLOCK):
+        step(flat[i:i + BLOCK], dst[i:i + BLOCK])
+    if out is not None and res is not out:
+        np.copyto(out, res)
+        return out
+    return res
+
+
+def _sigmoid_block(x: np.ndarray, y: np.ndarray) -> None:
+    e = np.abs(x)
     np.negative(e, out=e)
-    np.exp(e, out=e)
-    num = np.where(x >= 0, np.ones((), dtype=e.dtype), e)  # read all of x before out (maybe x) is written
+    np.exp(e, out=e)  # exp only ever sees -|x|
+    num = np.greater_equal(x, 0).astype(x.dtype)  # 1 for x >= 0, 0 below (and for nan)
+    np.maximum(num, e, out=num)  # 1 for x >= 0, exp(x) below: e/(1+e) keeps negatives accurate; nan stays
     e += 1
-    return np.divide(num, e, out=out)
+    np.divide(num, e, out=y)  # x (maybe y) was read whole above
+
+
+def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """Logistic function without overflow, in blocks (np.where against a 0-d one was ~8x slower)."""
+    return _blocks(x, out, _sigmoid_block)
+
+
+@functools.lru_cache(maxsize=8)
+def _zeros(dtype: np.dtype, size: int) -> np.ndarray:
+    """A shared read-only zero block: numpy 2.4's max against an array is ~5x faster than against a 0-d zero."""
+    z = np.zeros(size, dtype)
+    z.flags.writeable = False
+    return z
 
 
 def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    return np.maximum(x, np.zeros((), dtype=x.dtype), out=out)
+    if x.dtype.kind != "f" or x.size < 1024:
+        return np.maximum(x, np.zeros((), dtype=x.dtype), out=out)
+    zeros = _zeros(x.dtype, min(x.size, BLOCK))
+    return _blocks(x, out, lambda a, y: np.maximum(a, zeros[: a.size], out=y))
 
 
 sigmoid.writes_out = _relu.writes_out = True  # type: ignore[attr-defined]
-
 
 def _softplus(x: np.ndarray) -> np.ndarray:
     return np.logaddexp(np.zeros((), dtype=x.dtype), x)
@@ -53,7 +83,7 @@ def _mish(x: np.ndarray) -> np.ndarray:
 
 
 KERNELS: list = []
-KERNELS += unary_kernels("Relu", _relu, 1, legacy=True, name="max(x, 0)")
+KERNELS += unary_kernels("Relu", _relu, 1, legacy=True, name="max(x, 0)", at=SPLIT_CHEAP)
 KERNELS += unary_kernels("Sigmoid", sigmoid, 1, legacy=True, name="1 / (1 + exp(-x))")
 KERNELS += unary_kernels("Tanh", np.tanh, 1, legacy=True, name="tanh")
 KERNELS += unary_kernels("Softplus", _softplus, 1, name="log(1 + exp(x))")
@@ -125,6 +155,9 @@ def _leaky_relu(x: np.ndarray, alpha: float, out: np.ndarray | None = None) -> n
 @kernel("LeakyRelu", since=6, out=True, inplace=(0,))
 def leaky_relu(x, *, alpha=0.01, out=None):
     """LeakyRelu-6: x if x >= 0 else alpha * x."""
+    if out is not None and not is_exotic(x.dtype) and split_flat(
+            lambda v, out: _leaky_relu(v, alpha, out), (x,), out, SPLIT_CHEAP):
+        return out
     return _leaky_relu(x, alpha, out)
 
 
@@ -195,6 +228,12 @@ def _gelu_tanh(v: np.ndarray) -> np.ndarray:
 @kernel("Gelu", since=20, out=True, inplace=(0,))
 def gelu(x, *, approximate="none", out=None):
     """Gelu-20: 0.5 * x * (1 + erf(x / sqrt(2))), or the tanh approximation."""
+    if out is not None and split_flat(lambda v, out: _gelu(v, approximate, out), (x,), out, SPLIT_COSTLY):
+        return out
+    return _gelu(x, approximate, out)
+
+
+def _gelu(x: np.ndarray, approximate: str, out: np.ndarray | None) -> np.ndarray:
     if approximate == "tanh":
         return into(out, _apply(x, _gelu_tanh))
     if x.dtype == np.float64:  # the precise erf, and the formula in float64
@@ -236,12 +275,16 @@ def _clip(x: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None = None) -> np.
 @kernel("Clip", since=11, out=True, inplace=(0,))
 def clip(x, lo=None, hi=None, *, out=None):
     """Clip-11: bounds come as optional 0-d inputs."""
+    if out is not None and split_flat(lambda v, out: _clip(v, lo, hi, out), (x,), out, SPLIT_CHEAP):
+        return out
     return _clip(x, lo, hi, out)
 
 
 @kernel("Clip", since=6, out=True, inplace=(0,))
 def clip_6(x, *, max=F32_MAX, min=-F32_MAX, out=None):  # noqa: A002 - ONNX attribute names
     """Clip-6: bounds are attributes defaulting to the float32 range."""
+    if out is not None and split_flat(lambda v, out: _clip(v, min, max, out), (x,), out, SPLIT_CHEAP):
+        return out
     return _clip(x, min, max, out)
 
 

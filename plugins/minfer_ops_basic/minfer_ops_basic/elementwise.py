@@ -13,9 +13,16 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minfer_core import kernel
+from minfer_core import intra_op_threads, kernel, parallel_for
 
 Fn = Callable[..., Any]
+
+# Large outputs go to parallel_for in parts. Measured on the benchmark's 2-core VM, 1 -> 2 threads
+# (an empty two-thread parallel_for costs ~50 us there, and both cores share the memory bandwidth),
+# float32: Add of 1M elements 129 -> 129 us, 4M 1033 -> 831; exp 256K 89 -> 96, 1M 348 -> 225;
+# tanh 1M 172 -> 151, 4M 775 -> 479.
+SPLIT_CHEAP = 1 << 21  # ops of one memory pass: add, mul, max, abs, neg, relu, clip
+SPLIT_COSTLY = 1 << 18  # transcendental ones: exp, log, tanh, sin, erf, sigmoid, pow
 
 
 def arr(value: Any, dtype: Any = None) -> np.ndarray:
@@ -67,6 +74,36 @@ def into(out: np.ndarray | None, value: Any) -> np.ndarray:
     return out
 
 
+def split_flat(fn: Fn, args: tuple[np.ndarray, ...], out: np.ndarray, at: int) -> bool:
+    """``fn(*args, out=out)`` in parts over the intra-op threads; False (nothing done) when that is not simple.
+
+    Splits when ``out`` has ``at`` elements or more and more than one thread
+    runs: in flat parts when every argument has out's shape (C-contiguous) or
+    one element, else along the leading axis when every argument has out's
+    rank and a leading dim of 1 or out's. Each part writes only its slice of
+    out (which may be an argument of out's shape: each element is read before
+    it is written).
+    """
+    if out.size < at or out.ndim == 0 or intra_op_threads() < 2 or not out.flags.c_contiguous:
+        return False
+    if all(a.shape == out.shape and a.flags.c_contiguous or a.size == 1 for a in args):
+        flat = [a.reshape(-1) if a.shape == out.shape else a.reshape(()) for a in args]
+        parts = [(lambda lo, hi, a=a: a[lo:hi]) if a.ndim else (lambda lo, hi, a=a: a) for a in flat]
+        whole = out.reshape(-1)
+    elif all(a.ndim == out.ndim and a.shape[0] in (1, out.shape[0]) for a in args) and out.shape[0] > 1:
+        parts = [(lambda lo, hi, a=a: a[lo:hi]) if a.shape[0] > 1 else (lambda lo, hi, a=a: a) for a in args]
+        whole = out
+    else:
+        return False
+
+    def part(lo: int, hi: int) -> None:
+        with np.errstate(all="ignore"):  # each thread has its own numpy error state
+            fn(*(p(lo, hi) for p in parts), out=whole[lo:hi])
+
+    parallel_for(len(whole), part)
+    return True
+
+
 def declare(op_type: str, since: int, fn: Fn, doc: str, *, out: bool = False, inplace: tuple[int, ...] = ()) -> Any:
     """Declare a factory-made kernel, named after its op and version for tracebacks."""
     fn.__name__ = fn.__qualname__ = f"{op_type}_{since}"
@@ -79,11 +116,13 @@ def writes_out(fn: Fn) -> bool:
     return isinstance(fn, np.ufunc) or getattr(fn, "writes_out", False)
 
 
-def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: str = "") -> list:
+def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: str = "",
+                  at: int = SPLIT_COSTLY) -> list:
     """Kernels for a unary op; ``legacy`` adds the opset-1 form with ``consumed_inputs``.
 
     When fn can write into a buffer, the modern kernel declares out=/inplace so
-    the memory planner can hand it one (possibly its own input).
+    the memory planner can hand it one (possibly its own input), and splits
+    outputs of ``at`` elements or more over the intra-op threads.
     """
     run = float_op(fn)
     label = name or op_type
@@ -95,7 +134,7 @@ def unary_kernels(op_type: str, fn: Fn, since: int, legacy: bool = False, name: 
             if out is None or is_exotic(x.dtype):
                 return into(out, run(x))
             with np.errstate(all="ignore"):
-                return fn(x, out=out)
+                return out if split_flat(fn, (x,), out, at) else fn(x, out=out)
 
     else:
 
@@ -248,6 +287,8 @@ _erf_same_dtype.writes_out = True  # type: ignore[attr-defined]
 
 # --- unary math --------------------------------------------------------------
 
+CHEAP = {"Abs", "Neg", "Floor", "Ceil", "Sqrt", "Reciprocal", "Sign", "Round"}  # split from SPLIT_CHEAP on
+
 _LEGACY_UNARY = {  # ops whose opset-1 form carries consumed_inputs
     "Abs": np.abs,
     "Neg": np.negative,
@@ -278,9 +319,10 @@ _UNARY = {  # op_type: (since, fn)
 
 KERNELS: list = []
 for _op, _fn in _LEGACY_UNARY.items():
-    KERNELS += unary_kernels(_op, _fn, 1, legacy=True, name=_fn.__name__)
+    KERNELS += unary_kernels(_op, _fn, 1, legacy=True, name=_fn.__name__, at=SPLIT_CHEAP if _op in CHEAP else SPLIT_COSTLY)
 for _op, (_since, _fn) in _UNARY.items():
-    KERNELS += unary_kernels(_op, _fn, _since, name=getattr(_fn, "__name__", _op))
+    KERNELS += unary_kernels(_op, _fn, _since, name=getattr(_fn, "__name__", _op),
+                             at=SPLIT_CHEAP if _op in CHEAP else SPLIT_COSTLY)
 
 
 # --- binary arithmetic -------------------------------------------------------
@@ -297,18 +339,21 @@ def legacy_broadcast(a: np.ndarray, b: np.ndarray, broadcast: int, axis: int | N
 
 def binary_kernels(
     op_type: str, fn: Fn, *, legacy: bool = True, consumed: bool = True, since: int = 7,
-    inplace: bool | tuple[int, ...] = True,
+    inplace: bool | tuple[int, ...] = True, at: int = SPLIT_CHEAP,
 ) -> list:
     """Kernels of a broadcasting binary op: numpy rules from ``since``, axis rules before.
 
     ``fn(a, b, out=None)`` writes into ``out`` when given; ``inplace`` says out
     may alias an input: True for both, a tuple for those listed, False for none
-    (ops whose output dtype differs).
+    (ops whose output dtype differs). Outputs of ``at`` elements or more are
+    split over the intra-op threads where that is simple (`split_flat`).
     """
 
     def modern(a, b, *, out=None):
         with np.errstate(all="ignore"):
-            return fn(a, b, out=out) if out is not None else arr(fn(a, b))
+            if out is None:
+                return arr(fn(a, b))
+            return out if split_flat(fn, (a, b), out, at) else fn(a, b, out=out)
 
     doc = "elementwise with numpy broadcasting."
     aliasable = (0, 1) if inplace is True else tuple(inplace or ())
@@ -368,7 +413,7 @@ def power(x: np.ndarray, y: np.ndarray, out: np.ndarray | None = None) -> np.nda
 
 
 # out may be the base X (the result has its dtype); Y may have another dtype
-KERNELS += binary_kernels("Pow", power, consumed=False, inplace=(0,))
+KERNELS += binary_kernels("Pow", power, consumed=False, inplace=(0,), at=SPLIT_COSTLY)
 
 
 @kernel("Mod", since=10)
@@ -402,6 +447,8 @@ def variadic_kernels(op_type: str, fold: Callable[..., np.ndarray], writes_out: 
         if out is None or any(is_exotic(x.dtype) for x in xs):
             return into(out, plain(*xs))
         with np.errstate(all="ignore"):
+            if len(xs) > 1 and split_flat(lambda *parts, out: fold(list(parts), out=out), xs, out, SPLIT_CHEAP):
+                return out
             return fold(list(xs), out=out)
 
     modern = into_out if writes_out else plain

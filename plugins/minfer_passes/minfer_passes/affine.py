@@ -181,18 +181,21 @@ def _chunked(x2: np.ndarray, y2: np.ndarray, s2: np.ndarray | None, b2: np.ndarr
     act = ACTIVATIONS[activation] if activation and activation != "Relu" else None
     zeros = _zeros(y2.dtype, step * cols) if activation == "Relu" else None
 
+    def chunk(r0: int, r1: int) -> None:
+        y, x = y2[r0:r1], x2[r0:r1]  # out may be x: each element is read before it is written
+        if s2 is not None:
+            np.multiply(x, s2[r0:r1] if per_row else s2, out=y)
+            x = y
+        np.add(x, b2[r0:r1] if per_row else b2, out=y)
+        if zeros is not None:
+            _relu(y, zeros)
+        elif act is not None:
+            act(y, params)
+
     def work(lo: int, hi: int) -> None:
-        for k in range(lo, hi):
-            r0, r1 = k * step, min(rows, (k + 1) * step)
-            y, x = y2[r0:r1], x2[r0:r1]  # out may be x: each element is read before it is written
-            if s2 is not None:
-                np.multiply(x, s2[r0:r1] if per_row else s2, out=y)
-                x = y
-            np.add(x, b2[r0:r1] if per_row else b2, out=y)
-            if zeros is not None:
-                _relu(y, zeros)
-            elif act is not None:
-                act(y, params)
+        with np.errstate(over="ignore"):  # per thread: numpy's error state does not follow into the pool
+            for k in range(lo, hi):
+                chunk(k * step, min(rows, (k + 1) * step))
 
     chunks = -(-rows // step)
     if x2.size >= SPLIT and chunks > 1 and intra_op_threads() > 1:
@@ -227,8 +230,7 @@ def channel_affine(ctx: Any, *, activation: str = "", activation_params: list[fl
             if fixed:
                 cache[(x.shape, x.dtype)] = layout
         (rows, cols), s2, b2 = layout
-        with np.errstate(over="ignore"):
-            _chunked(x.reshape(rows, cols), y.reshape(rows, cols), s2, b2, activation, params)
+        _chunked(x.reshape(rows, cols), y.reshape(rows, cols), s2, b2, activation, params)
         return y
 
     return run
