@@ -1,0 +1,324 @@
+"""Depthwise convolution (group == C == M): few, long numpy passes per (image, channel block).
+
+Each tap of a depthwise conv is a per-channel weight times a shifted input,
+and numpy is only fast when each call covers many elements in long
+contiguous rows. The input block is copied once into a zero-bordered buffer
+that stays allocated per thread and geometry (its borders are written once),
+so every tap is then a strided *view* of that buffer, never a copy. Two
+layouts, because neither wins everywhere:
+
+- channels first ("first"), for large planes. The block is split into
+  stride phase planes (stride 2 in 2-D: four quarter planes), so that every
+  tap is one plane shifted by a constant and its rows run over whole output
+  rows plus the few padding columns between them ("wide" rows, computed and
+  then dropped). One multiply per phase writes every weighted tap into a
+  product stack (taps, block); one BLAS matrix-vector product with a vector
+  of ones sums the stack, which beats T - 1 numpy additions over the block.
+- channels last ("last"), for small planes (14x14, 7x7 at hundreds of
+  channels), whose channel-first rows would be a few dozen elements: numpy's
+  per-row cost would dominate. The block is transposed into (*padded, C)
+  and a single einsum over a (*kernel, *out, C) view sums all taps with
+  rows running over channels.
+
+Measured on shufflenet's 16 depthwise layers (bench/depthwise_layers.py, 2 threads, medians):
+batch 1, the whole-tensor tap method this replaces 8.3 ms, this 2.7 ms, onnxruntime 0.47 ms;
+batch 8, 52 / 19.6 / 4.5 ms. numpy's multiply (~10 G elements/s here) and einsum (~6 G
+multiply-adds/s, SSE loops) bound it; the rest is the pad and transpose copies.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from minfer_core import intra_op_threads, parallel_for
+
+from . import _geometry as geo
+
+Epilogue = Callable[[np.ndarray, tuple], None]
+Plan = Callable[[np.ndarray, Any, np.ndarray, "np.ndarray | None", "Epilogue | None"], None]
+
+# a block's scratch stays under this: measured flat from 2 MB to whole images at shufflenet's shapes
+# (per-call costs outweigh L2 misses; L3 is 32 MB), slower at 512 kB
+BLOCK_BYTES = 4 << 20
+# below this many multiply-adds a conv runs on one thread: an empty 2-thread parallel_for costs ~50 us
+# here, and two threads making short numpy calls wait on each other for the GIL (at 0.5M, shufflenet's
+# 112x56x56 stride-2 layer gained nothing from a second thread; at 1M, 136x28x28 gained 15%)
+MIN_SPLIT_MACS = 800_000
+# planes of at most this many input cells try channels-last first
+SMALL_PLANE = 400
+# MINFER_CONV_TUNE=0 (as for conv.py): no timing at the first run, the layout follows the plane size
+TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
+
+
+class _Group(NamedTuple):
+    """The taps that read one phase plane: a regular grid of offsets into it."""
+
+    phase: int
+    row: int  # first product-stack row
+    counts: tuple[int, ...]  # taps per spatial dim
+    steps: tuple[int, ...]  # plane offset between neighbouring taps, per dim
+    start: int  # plane offset of the first tap
+    taps: list[int]  # flat kernel index of each product row
+
+
+class _First:
+    """Channels-first geometry: phase planes of per-dim length ``lengths``, one per stride phase used."""
+
+    def __init__(self, w: geo.Window) -> None:
+        rank = len(w.kernel)
+        # plane u of phase a holds padded position u*s + a; tap t reads plane (t*d) % s from offset (t*d) // s
+        self.lengths = tuple(o + (k - 1) * d // s for o, k, d, s in zip(w.out_shape, w.kernel, w.dilations, w.strides))
+        rows = [math.prod(self.lengths[i + 1 :]) for i in range(rank)]
+        dims = list(zip(w.kernel, w.dilations, w.strides, rows))
+        self.phases = _product([sorted({t * d % s for t in range(k)}) for k, d, s, _ in dims])
+        self.wide = w.out_shape[0] * rows[0]
+        self.taps = math.prod(w.kernel)
+        self.groups: list[_Group] = []
+        for index, phase in enumerate(self.phases):
+            per_dim = [[t for t in range(k) if t * d % s == a] for a, (k, d, s, _) in zip(phase, dims)]
+            steps = tuple((ts[1] - ts[0]) * d // s * r if len(ts) > 1 else 0 for ts, (_, d, s, r) in zip(per_dim, dims))
+            start = sum(ts[0] * d // s * r for ts, (_, d, s, r) in zip(per_dim, dims))
+            taps = [int(np.ravel_multi_index(t, w.kernel)) for t in _product(per_dim)]
+            row = sum(len(g.taps) for g in self.groups)
+            self.groups.append(_Group(index, row, tuple(map(len, per_dim)), steps, start, taps))
+        self.order = [t for g in self.groups for t in g.taps]
+        reach = sum((k - 1) * d // s * r for k, d, s, r in dims)
+        self.plane = max(math.prod(self.lengths), reach + self.wide)
+        # (phase, plane slices, input slices) filling each plane's interior
+        self.copies: list[tuple[int, tuple[slice, ...], tuple[slice, ...]]] = []
+        for index, phase in enumerate(self.phases):
+            cut = _interiors([_interior(a, n, b, s, size)
+                              for a, n, b, s, size in zip(phase, w.in_shape, w.begin, w.strides, self.lengths)])
+            if cut is not None:
+                self.copies.append((index,) + cut)
+        self.keep = (slice(None), slice(None)) + tuple(slice(0, o) for o in w.out_shape[1:])
+
+    def scratch_per_channel(self) -> int:
+        return self.taps * self.wide + len(self.phases) * self.plane + self.wide
+
+
+class _Last:
+    """Channels-last geometry: one (*padded, C) buffer, taps as a (*kernel, *out, C) view of it."""
+
+    def __init__(self, w: geo.Window) -> None:
+        rank = len(w.kernel)
+        self.padded = tuple((o - 1) * s + (k - 1) * d + 1 for o, k, d, s in zip(w.out_shape, w.kernel, w.dilations, w.strides))
+        self.copy = _interiors([_interior(0, n, b, 1, size) for n, b, size in zip(w.in_shape, w.begin, self.padded)])
+        self.rows = [math.prod(self.padded[i + 1 :]) for i in range(rank)]  # times C: element strides
+        self.kernel, self.out = w.kernel, w.out_shape
+        self.steps = tuple(d * r for d, r in zip(w.dilations, self.rows)) + tuple(s * r for s, r in zip(w.strides, self.rows))
+        letters_k, letters_o = "ijk"[:rank], "xyz"[:rank]
+        self.spec = f"{letters_k}{letters_o}c,{letters_k}c->{letters_o}c"
+        self.to_last = tuple(range(1, rank + 1)) + (0,)
+        self.to_first = (rank,) + tuple(range(rank))
+
+    def scratch_per_channel(self) -> int:
+        return math.prod(self.padded) + math.prod(self.out)
+
+
+def _interior(a: int, n: int, b: int, s: int, size: int) -> tuple[slice, slice] | None:
+    """Cells u < size of phase a (padded position u*s + a) that hold input data: (cells, input slice)."""
+    lo = max(0, -((a - b) // s))  # first u with u*s + a - b >= 0
+    hi = min(size, -((a - b - n) // s))  # first u with u*s + a - b >= n
+    if hi <= lo:
+        return None
+    first = lo * s + a - b
+    return slice(lo, hi), slice(first, first + (hi - lo - 1) * s + 1, s)
+
+
+def _interiors(cuts: list[tuple[slice, slice] | None]) -> tuple[tuple[slice, ...], tuple[slice, ...]] | None:
+    """Per-dim interiors joined into (cells, input slices); None when some dim has no data at all."""
+    found = [c for c in cuts if c is not None]
+    if len(found) < len(cuts):
+        return None
+    return tuple(c[0] for c in found), tuple(c[1] for c in found)
+
+
+def _product(lists: list[list[int]]) -> list[tuple[int, ...]]:
+    result: list[tuple[int, ...]] = [()]
+    for values in lists:
+        result = [r + (v,) for r in result for v in values]
+    return result
+
+
+_local = threading.local()
+
+
+def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
+    """A per-thread reusable flat buffer (contents undefined), grown to the largest size asked."""
+    pool = _local.__dict__.setdefault("scratch", {})
+    buf = pool.get(name)
+    if buf is None or buf.nbytes < size * dtype.itemsize:
+        buf = pool[name] = np.empty(max(size * dtype.itemsize, 64), dtype=np.uint8)
+    return buf[: size * dtype.itemsize].view(dtype)
+
+
+def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
+    """A zeroed buffer per thread and key: callers only write its interior, so its borders stay zero."""
+    pool = _local.__dict__.setdefault("padded", {})
+    buf = pool.get(key)
+    if buf is None:
+        if len(pool) >= 64:  # many input shapes: start over rather than hold them all
+            pool.clear()
+        buf = pool[key] = np.zeros(size, dtype=dtype)
+    return buf
+
+
+def _store(dst: np.ndarray, src: np.ndarray, bias: np.ndarray | None) -> None:
+    """dst = src (+ bias), cast to dst's dtype."""
+    if bias is None:
+        np.copyto(dst, src, casting="same_kind")
+    else:
+        np.add(src, bias, out=dst, casting="same_kind")
+
+
+class _Choice(NamedTuple):
+    layout: str
+    units: list[tuple[int, int, int]]  # (image, c0, c1)
+    parts: int  # ranges of units for parallel_for: 1 when the conv is too small to split
+
+
+class _Depthwise:
+    """The plan for one window: ``run(x, p, y, bias, epilogue)``, see `plan`."""
+
+    def __init__(self, w: geo.Window, layout: str | None = None) -> None:
+        self.window = w
+        self.layout = layout
+        self.first = _First(w)
+        self.last = _Last(w)
+        self._key = (w.in_shape, w.kernel, w.strides, w.dilations, w.begin, w.out_shape)
+        self._weights: tuple[Any, np.dtype, np.ndarray, np.ndarray] | None = None
+        self._choices: dict[tuple, _Choice] = {}
+        self._ones: dict[np.dtype, np.ndarray] = {}
+
+    def __call__(self, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
+                 epilogue: Epilogue | None) -> None:
+        n, c = x.shape[:2]
+        if y.size == 0:
+            return
+        work = x.dtype if x.dtype in (np.float32, np.float64) else np.dtype(np.float32)
+        threads = intra_op_threads()
+        key = (n, c, work, threads)
+        choice = self._choices.get(key)
+        if choice is None:
+            choice = self._choices[key] = self._choose(x, p, y, work, threads)
+        self._run(choice, x, p, y, bias, epilogue, work)
+
+    def _prepared(self, p: Any, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+        """Weights (taps, C) in kernel order and in product-stack order, kept while p.depthwise is the same."""
+        cached = self._weights
+        if cached is None or cached[0] is not p.depthwise or cached[1] != dtype:
+            weights = np.ascontiguousarray(p.depthwise.T, dtype=dtype)
+            cached = self._weights = (p.depthwise, dtype, weights, np.ascontiguousarray(weights[self.first.order]))
+        return cached[2], cached[3]
+
+    def _cut(self, layout: str, n: int, c: int, itemsize: int, threads: int) -> _Choice:
+        """(image, channel block) units whose scratch fits BLOCK_BYTES, and whether to split them over threads."""
+        per_channel = (self.first if layout == "first" else self.last).scratch_per_channel()
+        blocks = math.ceil(c * per_channel * itemsize / BLOCK_BYTES)
+        split = threads > 1 and n * c * self.first.taps * math.prod(self.window.out_shape) >= MIN_SPLIT_MACS
+        if split and n * blocks < threads:
+            blocks = math.ceil(threads / n)
+        step = math.ceil(c / min(c, blocks))
+        units = [(i, c0, min(c, c0 + step)) for i in range(n) for c0 in range(0, c, step)]
+        return _Choice(layout, units, min(threads, len(units)) if split else 1)
+
+    def _choose(self, x: np.ndarray, p: Any, y: np.ndarray, work: np.dtype, threads: int) -> _Choice:
+        """The forced layout, else the quicker of both by its best of three runs (TUNE), else by plane size."""
+        n, c = x.shape[:2]
+        if self.layout:
+            layouts = [self.layout]
+        elif math.prod(self.window.in_shape) <= SMALL_PLANE:
+            layouts = ["last", "first"]
+        else:
+            layouts = ["first", "last"]
+        choices = [self._cut(layout, n, c, work.itemsize, threads) for layout in layouts]
+        if len(choices) == 1 or not TUNE:
+            return choices[0]
+        best, best_time = choices[0], float("inf")
+        for choice in choices:
+            for _ in range(3):
+                start = time.perf_counter()
+                self._run(choice, x, p, y, None, None, work)
+                took = time.perf_counter() - start
+                if took < best_time:
+                    best, best_time = choice, took
+        return best
+
+    def _run(self, choice: _Choice, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
+             epilogue: Epilogue | None, work: np.dtype) -> None:
+        in_order, by_group = self._prepared(p, work)
+        bias_col = None if bias is None else bias.reshape((x.shape[1],) + (1,) * (x.ndim - 2))
+        first = choice.layout == "first"
+        units = choice.units
+
+        def span(lo: int, hi: int) -> None:
+            with np.errstate():
+                # numpy 2 copies strided operands whose rows are shorter than its ufunc buffer into that
+                # buffer (2-3x slower here): a buffer shorter than any row lets it read them in place
+                np.setbufsize(64)
+                for i, c0, c1 in units[lo:hi]:
+                    b = None if bias_col is None else bias_col[c0:c1]
+                    if first:
+                        self._block_first(x[i, c0:c1], by_group[:, c0:c1], y[i, c0:c1], work, b)
+                    else:
+                        self._block_last(x[i, c0:c1], in_order[:, c0:c1], y[i, c0:c1], work, b)
+                    if epilogue is not None:
+                        epilogue(y, (slice(i, i + 1), slice(c0, c1)))
+
+        parallel_for(len(units), span, parts=choice.parts)
+
+    def _block_first(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
+                     bias: np.ndarray | None) -> None:
+        """One channels-first block: x (cb, *in) -> y (cb, *out); weights (taps, cb) in stack order."""
+        g, cb, item = self.first, x.shape[0], work.itemsize
+        planes = _padded(("first", cb, work) + self._key, len(g.phases) * cb * g.plane, work)
+        grid = planes.reshape(len(g.phases), cb, g.plane)[:, :, : math.prod(g.lengths)]
+        for index, cells, part in g.copies:
+            np.copyto(grid[index].reshape((cb,) + g.lengths)[(slice(None),) + cells], x[(slice(None),) + part],
+                      casting="same_kind")
+        stack = _scratch("stack", g.taps * cb * g.wide, work).reshape(g.taps, cb, g.wide)
+        for group in g.groups:
+            rows = slice(group.row, group.row + len(group.taps))
+            taps = np.ndarray(group.counts + (cb, g.wide), work, planes, (group.phase * cb * g.plane + group.start) * item,
+                              tuple(s * item for s in group.steps) + (g.plane * item, item))
+            np.multiply(taps, weights[rows].reshape(group.counts + (cb, 1)),
+                        out=stack[rows].reshape(group.counts + (cb, g.wide)))
+        acc = _scratch("acc", cb * g.wide, work)
+        ones = self._ones.get(work)
+        if ones is None:
+            ones = self._ones[work] = np.ones(g.taps, dtype=work)
+        np.dot(ones, stack.reshape(g.taps, -1), out=acc)
+        _store(y, acc.reshape((cb, self.window.out_shape[0]) + g.lengths[1:])[g.keep], bias)
+
+    def _block_last(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
+                    bias: np.ndarray | None) -> None:
+        """One channels-last block: x (cb, *in) -> y (cb, *out); weights (taps, cb) in kernel order."""
+        g, cb, item = self.last, x.shape[0], work.itemsize
+        buf = _padded(("last", cb, work) + self._key, math.prod(g.padded) * cb, work)
+        if g.copy is not None:
+            cells, part = g.copy
+            np.copyto(buf.reshape(g.padded + (cb,))[cells], x[(slice(None),) + part].transpose(g.to_last),
+                      casting="same_kind")
+        taps = np.ndarray(g.kernel + g.out + (cb,), work, buf, 0, tuple(s * cb * item for s in g.steps) + (item,))
+        acc = _scratch("acc", math.prod(g.out) * cb, work).reshape(g.out + (cb,))
+        np.einsum(g.spec, taps, weights.reshape(g.kernel + (cb,)), out=acc)
+        _store(y, acc.transpose(g.to_first), bias)
+
+
+def plan(w: geo.Window, layout: str | None = None) -> Plan:
+    """The depthwise method for one input geometry: ``run(x, p, y, bias, epilogue)``.
+
+    ``x`` (N, C, *in) C-contiguous, any float dtype (float16 is computed in float32); ``p.depthwise``
+    (C, prod(kernel)) weights in `Window.taps` order; ``y`` (N, C, *out) C-contiguous, written whole;
+    ``bias`` None or C values (shaped (C,) or (C, 1, ..., 1)); ``epilogue(y, region)`` is called once per
+    finished (image, channel block), ``region = (slice(i, i + 1), slice(c0, c1))``, possibly from
+    several threads at once. ``layout`` forces "first" or "last" (channels), for tests and benchmarks.
+    """
+    return _Depthwise(w, layout)
