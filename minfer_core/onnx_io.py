@@ -7,6 +7,7 @@ resolved inside the model's folder or refused.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 from typing import Any, Union
 
@@ -164,6 +165,9 @@ def _text(raw: bytes) -> Any:
 def tensor_to_array(tensor: TensorProto, folder: Path | None) -> np.ndarray:
     """A TensorProto's value in any storage form: typed fields, raw_data, or external data."""
     if tensor.data_location == TensorProto.EXTERNAL:
+        direct = _read_external_array(tensor, folder)
+        if direct is not None:
+            return direct
         tensor = _with_external_data(tensor, folder)
     try:
         return numpy_helper.to_array(tensor)
@@ -171,7 +175,41 @@ def tensor_to_array(tensor: TensorProto, folder: Path | None) -> np.ndarray:
         raise ModelLoadError(f"tensor {tensor.name!r} cannot be decoded: {exc}") from exc
 
 
-def _with_external_data(tensor: TensorProto, folder: Path | None) -> TensorProto:
+def _read_external_array(tensor: TensorProto, folder: Path | None) -> np.ndarray | None:
+    """External data of a plain numpy dtype read straight into its array: one copy, not three.
+
+    (The general path copies the bytes into a TensorProto and decodes that, which for a
+    large weight briefly holds it three times.) None for what only onnx decodes: strings,
+    ml_dtypes types (bfloat16, float8, packed 4-bit), and big-endian hosts.
+    """
+    try:
+        dtype = onnx_dtype(tensor.data_type)
+    except (KeyError, ValueError, TypeError):
+        return None
+    if sys.byteorder != "little" or dtype.isbuiltin != 1 or dtype.kind not in "biufc":
+        return None
+    path, offset, length = _external_location(tensor, folder)
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if length is not None and length != count * dtype.itemsize:
+        raise ModelLoadError(
+            f"tensor {tensor.name!r}: external data length {length} does not hold {count} {dtype.name} values"
+        )
+    value = np.empty(count, dtype=dtype)
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            got = fh.readinto(value.data.cast("B")) if value.nbytes else 0
+    except OSError as exc:
+        raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
+    if got != value.nbytes:
+        raise ModelLoadError(
+            f"tensor {tensor.name!r}: external data {str(path)!r} ends after {got} of {value.nbytes} bytes"
+        )
+    return value.reshape(tuple(tensor.dims))
+
+
+def _external_location(tensor: TensorProto, folder: Path | None) -> tuple[Path, int, int | None]:
+    """(file, offset, length or None) of a tensor's external data, the file resolved inside ``folder``."""
     info = {e.key: e.value for e in tensor.external_data}
     location = info.get("location", "")
     if folder is None:
@@ -179,12 +217,16 @@ def _with_external_data(tensor: TensorProto, folder: Path | None) -> TensorProto
             f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was "
             "given without a folder: load it from its path or pass base_dir="
         )
-    path = safe_external_path(folder, location, tensor.name)
-    offset, length = int(info.get("offset", 0)), info.get("length")
+    length = info.get("length")
+    return safe_external_path(folder, location, tensor.name), int(info.get("offset", 0)), None if length is None else int(length)
+
+
+def _with_external_data(tensor: TensorProto, folder: Path | None) -> TensorProto:
+    path, offset, length = _external_location(tensor, folder)
     try:
         with open(path, "rb") as fh:
             fh.seek(offset)
-            data = fh.read(int(length) if length is not None else -1)
+            data = fh.read(length if length is not None else -1)
     except OSError as exc:
         raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
     loaded = TensorProto()
