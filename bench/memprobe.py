@@ -1,7 +1,8 @@
 """Peak memory growth of one engine on one model, measured in a fresh process.
 
 ``python -m bench.memprobe ENGINE MODEL BATCH RUNS [THREADS]`` prints one
-JSON line. The baseline is the process with the engine imported and the
+JSON line. The baseline is the process with the engine imported (for minfer
+with its plugins loaded, as onnxruntime's import loads its kernels) and the
 model's bytes (its weights) loaded; then the session is built and run
 ``RUNS`` times. ``peak_mb`` is the high-water mark above that baseline over
 build and runs (weights the engine copies or pre-packs, plus activations
@@ -41,6 +42,10 @@ def probe(engine: str, name: str, batch: int, runs: int, threads: int | str = 2)
     from bench.models import build
 
     __import__("minfer_core.engine" if engine == "minfer" else engine.replace("reference", "onnx.reference"))
+    if engine == "minfer":
+        import minfer_core
+
+        minfer_core.get_registry()  # plugin code, like onnxruntime's library, is not growth over the weights
     model = build(name, batch)
     weights = sum(np.prod(t.dims, dtype=np.int64) * 4 for t in model.graph.initializer)
     blob = model.SerializeToString()
