@@ -135,3 +135,84 @@ def tap_counts(w: Window, include_pad: bool) -> np.ndarray:
         per_dim = ((pos >= lo) & (pos < hi)).sum(axis=1)
         counts = np.multiply.outer(counts, per_dim)
     return counts
+
+
+@attrs.frozen
+class Segment:
+    """One kernel tap along one spatial axis: outputs ``lo:hi`` read inputs ``start, start + step, ...``."""
+
+    lo: int
+    hi: int
+    start: int
+    step: int
+
+    @property
+    def dst(self) -> slice:
+        return slice(self.lo, self.hi)
+
+    @property
+    def src(self) -> slice:
+        return slice(self.start, self.start + (self.hi - self.lo - 1) * self.step + 1, self.step)
+
+
+def axis_segments(w: Window, axis: int) -> list[Segment]:
+    """Per kernel tap along spatial ``axis``, the outputs whose tap falls on data; widest first, empty ones dropped.
+
+    Reading only these ranges reduces a window without a padded copy: a pad
+    cell never contributes, so max and sum simply skip it.
+    """
+    n_in, k, s, d, b, n_out = (v[axis] for v in (w.in_shape, w.kernel, w.strides, w.dilations, w.begin, w.out_shape))
+    segments = []
+    for t in range(k):
+        first = t * d - b  # input position of this tap for output 0
+        lo = max(0, -(first // s))  # smallest o with o*s + first >= 0
+        hi = min(n_out, (n_in - 1 - first) // s + 1)
+        if hi > lo:
+            segments.append(Segment(lo, hi, lo * s + first, s))
+    return sorted(segments, key=lambda g: g.lo - g.hi)
+
+
+def covers_input(w: Window) -> bool:
+    """True when there is a single output window and it reads every input cell (a global pool)."""
+    return all(
+        o == 1 and set(range(i)) <= {t * d - b for t in range(k)}
+        for i, k, d, b, o in zip(w.in_shape, w.kernel, w.dilations, w.begin, w.out_shape)
+    )
+
+
+@attrs.frozen
+class PaddedAxis:
+    """One spatial axis laid out padded: ``before`` fill cells, input cells ``crop:crop + keep``, then fill up to ``length``."""
+
+    crop: int
+    keep: int
+    before: int
+    length: int
+
+
+def padded_axis(w: Window, axis: int) -> PaddedAxis:
+    """The padded layout of spatial ``axis`` (negative pads crop the input, as `pad` does)."""
+    n, b, e = w.in_shape[axis], w.begin[axis], w.end[axis]
+    crop, keep = max(0, -b), max(0, n - max(0, -b) - max(0, -e))
+    return PaddedAxis(crop, keep, max(0, b), max(0, b) + keep + max(0, e))
+
+
+def phase_taps(w: Window, axis: int) -> tuple[tuple[int, int], ...]:
+    """Per kernel tap along ``axis``: (row offset, phase) when the padded axis is split into ``stride`` phases.
+
+    Phase p holds padded cells p, p + s, p + 2s, ...; output o's tap t reads
+    padded cell o*s + t*d, which is row o + offset of phase (t*d) % s: each tap
+    is then one contiguous run of a phase, whatever the stride.
+    """
+    s, d = w.strides[axis], w.dilations[axis]
+    return tuple(divmod(t * d, s) for t in range(w.kernel[axis]))
+
+
+def clip_segments(segments: list[Segment], lo: int, hi: int) -> list[Segment]:
+    """The segments restricted to outputs ``lo:hi``, renumbered from ``lo``; widest first."""
+    out = []
+    for g in segments:
+        a, b = max(g.lo, lo), min(g.hi, hi)
+        if b > a:
+            out.append(Segment(a - lo, b - lo, g.start + (a - g.lo) * g.step, g.step))
+    return sorted(out, key=lambda g: g.lo - g.hi)

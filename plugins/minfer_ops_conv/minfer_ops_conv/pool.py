@@ -1,16 +1,36 @@
-"""Kernels: MaxPool, AveragePool, LpPool and the global pools, as loops over strided kernel taps."""
+"""Kernels: MaxPool, AveragePool, LpPool and the global pools.
+
+MaxPool and AveragePool reduce one spatial axis at a time (rows, then
+columns: 3 + 3 passes instead of 9 for a 3x3 window), each kernel tap
+reading only the input cells it covers, so no padded copy is ever made. The
+planes (image, channel) are cut into chunks of a few hundred KB so a chunk's
+intermediate stays in L2, and the chunks are shared between the intra-op
+threads.
+"""
 
 from __future__ import annotations
 
+import math
+import threading
 from typing import Callable
 
 import numpy as np
+from numpy.lib.stride_tricks import as_strided
 
-from minfer_core import kernel
+from minfer_core import kernel, parallel_for
 
 from . import _geometry as geo
 
 _ALL = (slice(None), slice(None))
+# a chunk's input planes plus its scratch. Not L2-sized: each numpy call costs a few microseconds
+# of Python, so many small chunks lose more than the cache saves; this only bounds the scratch.
+_CHUNK_BYTES = 2 * 1024 * 1024
+# below this input size a pool (~0.1 ms per MB) is cheaper whole than split between two threads
+_SPLIT_BYTES = 4 * 1024 * 1024
+
+_local = threading.local()
+
+Reducer = Callable[[np.ndarray, np.ndarray], None]
 
 
 def _lowest(dtype: np.dtype):
@@ -22,12 +42,214 @@ def _tap_views(x: np.ndarray, w: geo.Window, fill) -> list[np.ndarray]:
     return [xp[_ALL + taps] for taps in w.taps()]
 
 
-def _max(x: np.ndarray, w: geo.Window) -> np.ndarray:
-    views = _tap_views(x, w, _lowest(x.dtype))
-    out = views[0].copy()
-    for v in views[1:]:
-        np.maximum(out, v, out=out)
+def _reduce_axis(src: np.ndarray, dst: np.ndarray, axis: int, segments: list[geo.Segment], op, fill) -> None:
+    """dst = op over the taps along ``axis`` of src; outputs no tap reaches get ``fill``."""
+    lead = (slice(None),) * axis
+    if not segments:
+        dst.fill(fill)
+        return
+    first, rest = segments[0], segments[1:]
+    head = dst[lead + (first.dst,)]
+    if rest and rest[0].dst == first.dst:
+        op(src[lead + (first.src,)], src[lead + (rest[0].src,)], out=head)
+        rest = rest[1:]
+    else:
+        np.copyto(head, src[lead + (first.src,)])
+    if first.lo:
+        dst[lead + (slice(0, first.lo),)] = fill
+    if first.hi < dst.shape[axis]:
+        dst[lead + (slice(first.hi, None),)] = fill
+    for g in rest:
+        part = dst[lead + (g.dst,)]
+        op(part, src[lead + (g.src,)], out=part)
+
+
+def _separable(w: geo.Window, op, fill) -> tuple[Reducer, int]:
+    """A reducer of (P, *in_shape) planes into (P, *out_shape), one pass per spatial axis the window changes.
+
+    Also returns the intermediate's size per plane (elements), for chunking.
+    """
+    passes, shapes, shape = [], [], list(w.in_shape)
+    for i in range(len(w.kernel)):
+        segments = geo.axis_segments(w, i)
+        if w.out_shape[i] == w.in_shape[i] and segments == [geo.Segment(0, w.in_shape[i], 0, 1)]:
+            continue  # a 1-wide, unstrided, unpadded axis: nothing to do
+        shape[i] = w.out_shape[i]
+        passes.append((i + 1, segments))
+        shapes.append(tuple(shape))
+
+    def reduce(src: np.ndarray, dst: np.ndarray) -> None:
+        if not passes:
+            np.copyto(dst, src)
+            return
+        for j, (axis, segments) in enumerate(passes):
+            last = j == len(passes) - 1
+            nxt = dst if last else np.empty((len(src),) + shapes[j], dtype=src.dtype)
+            _reduce_axis(src, nxt, axis, segments, op, fill)
+            src = nxt
+
+    return reduce, sum(math.prod(s) for s in shapes[:-1])
+
+
+def _scratch(dtype: np.dtype, sizes: list[int]) -> list[np.ndarray]:
+    """Flat arrays of ``sizes`` elements carved from this thread's scratch (reused by every pool it runs)."""
+    spans = [-(-n * dtype.itemsize // 64) * 64 for n in sizes]  # cache-line aligned
+    buf = getattr(_local, "buf", None)
+    if buf is None or buf.nbytes < sum(spans):
+        buf = _local.buf = np.empty(sum(spans), dtype=np.uint8)
+    out, off = [], 0
+    for n, span in zip(sizes, spans):
+        out.append(buf[off : off + n * dtype.itemsize].view(dtype))
+        off += span
     return out
+
+
+def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
+    """A 2-D window as contiguous passes over a padded copy of the input split into row phases.
+
+    numpy's ufuncs run several times faster on contiguous runs than on
+    row-strided views, while a row-strided copy is cheap. So each chunk is
+    copied once, padded, into one array per row phase of the stride (rows
+    p, p + s, ...): every kernel row is then a shifted contiguous run of one
+    phase, and every kernel column a shifted run of the row result. Rows and
+    columns past the outputs are computed and dropped by the final strided
+    copy. Returns the reducer and its scratch size per plane.
+    """
+    ah, aw = geo.padded_axis(w, 0), geo.padded_axis(w, 1)
+    taps = geo.phase_taps(w, 0)
+    phases = sorted({p for _, p in taps})
+    (out_h, out_w), (sh, sw) = w.out_shape, w.strides
+    lag = max(q for q, _ in taps)
+    rows, width = out_h + lag, aw.length
+    plane = rows * width
+    copies = []  # per phase: its data rows and the input row the first comes from
+    for p in phases:
+        lo = min(rows, max(0, -(-(ah.before - p) // sh)))
+        hi = max(lo, min(rows, -(-(ah.before + ah.keep - p) // sh)))
+        copies.append((lo, hi, p + lo * sh - ah.before + ah.crop))
+    cols, src_cols = slice(aw.before, aw.before + aw.keep), slice(aw.crop, aw.crop + aw.keep)
+    shifts = [t * w.dilations[1] for t in range(w.kernel[1])]
+
+    def reduce(src: np.ndarray, dst: np.ndarray) -> None:
+        k = len(src)
+        if dst.size == 0:
+            return
+        n_t = k * plane - lag * width
+        n_u = n_t - shifts[-1]
+        *split, t, u = _scratch(src.dtype, [k * plane] * len(phases) + [n_t, n_u])
+        for (lo, hi, start), flat in zip(copies, split):
+            ph = flat.reshape(k, rows, width)
+            ph[:, :lo] = fill
+            ph[:, hi:] = fill
+            if hi > lo:
+                np.copyto(ph[:, lo:hi, cols], src[:, start : start + (hi - lo - 1) * sh + 1 : sh, src_cols])
+                ph[:, lo:hi, : cols.start] = fill
+                ph[:, lo:hi, cols.stop :] = fill
+        runs = [split[phases.index(p)][q * width : q * width + n_t] for q, p in taps]
+        t = _fold(op, runs, t)
+        u = _fold(op, [t[d : d + n_u] for d in shifts], u)
+        item = u.itemsize
+        np.copyto(dst, as_strided(u, (k, out_h, out_w), (plane * item, width * item, sw * item)))
+
+    return reduce, plane * (len(phases) + 2)
+
+
+def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
+    """A stride-1 2-D window whose output has the input's size (3x3 pad 1): no copy in or out.
+
+    Each pass is one contiguous run per kernel tap over the whole chunk,
+    as if the planes were one long image; the few rows and columns whose
+    window crosses an edge (where those runs read a neighbour's cells) are
+    then recomputed from the taps that fall on data.
+    """
+    (h, wd), (dh, dw) = w.in_shape, w.dilations
+    rows = [t * dh - w.begin[0] for t in range(w.kernel[0])]
+    cols = [t * dw - w.begin[1] for t in range(w.kernel[1])]
+    seg_h, seg_w = geo.axis_segments(w, 0), geo.axis_segments(w, 1)
+
+    def edges(offsets: list[int], n: int) -> list[tuple[int, int]]:
+        """The outputs before and after those whose every tap is inside the input."""
+        lo = min(n, -offsets[0])
+        hi = max(lo, n - offsets[-1])
+        return [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
+
+    r_edges, c_edges = edges(rows, h), edges(cols, wd)
+
+    def one_pass(src, dst, axis, offsets, stride, segments, spans):
+        flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
+        a, b = -offsets[0] * stride, flat_src.size - offsets[-1] * stride
+        if b > a:
+            _fold(op, [flat_src[a + o * stride : b + o * stride] for o in offsets], flat_dst[a:b])
+        lead = (slice(None),) * axis
+        for e0, e1 in spans:
+            _reduce_axis(src, dst[lead + (slice(e0, e1),)], axis, geo.clip_segments(segments, e0, e1), op, fill)
+
+    def reduce(src: np.ndarray, dst: np.ndarray) -> None:
+        if len(rows) == 1:
+            mid = src
+        else:
+            (mid,) = _scratch(src.dtype, [src.size])
+            mid = mid.reshape(src.shape)
+            one_pass(src, mid, 1, rows, wd, seg_h, r_edges)
+        if len(cols) == 1:
+            np.copyto(dst, mid)
+        else:
+            one_pass(mid, dst, 2, cols, 1, seg_w, c_edges)
+
+    return reduce, h * wd
+
+
+def _fold(op, runs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
+    """op over equal-length runs into out (or the only run itself)."""
+    if len(runs) == 1:
+        return runs[0]
+    op(runs[0], runs[1], out=out)
+    for run in runs[2:]:
+        op(out, run, out=out)
+    return out
+
+
+def _whole(op) -> Reducer:
+    """A reducer for a window that reads every input cell once: one reduction per plane."""
+
+    def reduce(src: np.ndarray, dst: np.ndarray) -> None:
+        op.reduce(src.reshape(len(src), -1), axis=1, out=dst.reshape(len(dst)))
+
+    return reduce
+
+
+def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
+    """The run callable of one pool at one input shape: reduce chunks of planes, then ``finish`` each chunk."""
+    if all(w.in_shape) and geo.covers_input(w):
+        reduce, scratch = _whole(op), 0
+    elif len(w.in_shape) == 2 and w.strides == (1, 1) and w.out_shape == w.in_shape and min(w.begin + w.end) >= 0:
+        reduce, scratch = _same(w, op, fill)
+    elif len(w.in_shape) == 2:
+        reduce, scratch = _phased(w, op, fill)
+    else:
+        reduce, scratch = _separable(w, op, fill)
+    per_chunk = max(1, _CHUNK_BYTES // ((math.prod(w.in_shape) + scratch) * dtype.itemsize))
+
+    def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        planes = x.shape[0] * x.shape[1]
+        y = np.empty(x.shape[:2] + w.out_shape, dtype=x.dtype) if out is None else out
+        src = x.reshape((planes,) + x.shape[2:])
+        dst = y.reshape((planes,) + w.out_shape)
+
+        def chunks(lo: int, hi: int) -> None:
+            for a in range(lo, hi, per_chunk):
+                b = min(hi, a + per_chunk)
+                reduce(src[a:b], dst[a:b])
+                if finish is not None:
+                    finish(dst[a:b])
+
+        if x.nbytes < _SPLIT_BYTES:
+            chunks(0, planes)
+        else:
+            parallel_for(planes, chunks)
+        return y
+
+    return run
 
 
 def _max_with_indices(x: np.ndarray, w: geo.Window, storage_order: int):
@@ -55,23 +277,19 @@ def _max_with_indices(x: np.ndarray, w: geo.Window, storage_order: int):
 
 
 def _sum(x: np.ndarray, w: geo.Window) -> np.ndarray:
-    views = _tap_views(x, w, 0)
-    out = views[0].copy()
-    for v in views[1:]:
-        out += v
-    return out
+    return _pool_plan(w, np.add, 0, x.dtype)(x)
 
 
-def _cached(make: Callable[[tuple[int, ...]], Callable[[np.ndarray], object]]):
-    """Per-input-shape memo of the plan ``make`` builds, so geometry is resolved once per shape."""
+def _cached(make: Callable[[tuple[int, ...], np.dtype], Callable[..., object]]):
+    """Per input shape and dtype memo of the plan ``make`` builds, so geometry is resolved once."""
     plans: dict = {}
 
-    def run(x):
-        key = x.shape
+    def run(x, *, out=None):
+        key = (x.shape, x.dtype)
         plan = plans.get(key)
         if plan is None:
-            plan = plans[key] = make(key)
-        return plan(x)
+            plan = plans[key] = make(*key)
+        return plan(x, out)
 
     return run
 
@@ -86,28 +304,28 @@ def _geometry(kernel_shape, strides, pads, auto_pad, dilations=None, ceil_mode=0
 def _max_pool(ctx, geometry, storage_order=0):
     indices = ctx.num_outputs > 1
 
-    def make(shape):
+    def make(shape, dtype):
         w = geometry(shape)
-        if indices:
-            return lambda x: _max_with_indices(x, w, storage_order)
-        return lambda x: _max(x, w)
+        if indices:  # two outputs: the engine never passes out=
+            return lambda x, out: _max_with_indices(x, w, storage_order)
+        return _pool_plan(w, np.maximum, _lowest(dtype), dtype)
 
     return _cached(make)
 
 
-@kernel("MaxPool", since=1, prepare=True)
+@kernel("MaxPool", since=1, prepare=True, out=True, views=False)
 def max_pool_1(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, strides=None):
     """MaxPool-1: max over windows, pads never win."""
     return _max_pool(ctx, _geometry(kernel_shape, strides, pads, auto_pad))
 
 
-@kernel("MaxPool", since=8, prepare=True)
+@kernel("MaxPool", since=8, prepare=True, out=True, views=False)
 def max_pool_8(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, storage_order=0, strides=None):
     """MaxPool-8: adds the Indices output and storage_order."""
     return _max_pool(ctx, _geometry(kernel_shape, strides, pads, auto_pad), storage_order)
 
 
-@kernel("MaxPool", since=10, prepare=True)
+@kernel("MaxPool", since=10, prepare=True, out=True, views=False)
 def max_pool_10(ctx, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None,
                 storage_order=0, strides=None):
     """MaxPool-10/11/12/22: adds dilations and ceil_mode."""
@@ -115,40 +333,44 @@ def max_pool_10(ctx, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_s
 
 
 def _average_pool(geometry, count_include_pad):
-    def make(shape):
+    def make(shape, dtype):
         w = geometry(shape)
-        counts = geo.tap_counts(w, bool(count_include_pad))
+        counts = geo.tap_counts(w, bool(count_include_pad)).reshape(-1)
+        # multiplying by 1/count is within an ulp of dividing and twice as fast; one scalar when all agree
+        uniform = counts.size and (counts == counts[0]).all()
+        with np.errstate(divide="ignore"):  # a window on no data at all averages to NaN, as 0/0 would
+            scale = np.where(counts > 0, 1.0 / counts, np.nan).astype(dtype)
+        scale = scale[0] if uniform else scale
 
-        def run(x):
-            out = _sum(x, w)
-            out /= counts.astype(out.dtype)
-            return out
+        def finish(y):
+            flat = y.reshape(len(y), -1)
+            np.multiply(flat, scale, out=flat)
 
-        return run
+        return _pool_plan(w, np.add, 0, dtype, finish=finish)
 
     return _cached(make)
 
 
-@kernel("AveragePool", since=1, prepare=True)
+@kernel("AveragePool", since=1, prepare=True, out=True, views=False)
 def average_pool_1(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, strides=None):
     """AveragePool-1: mean over windows, pads excluded from the count."""
     return _average_pool(_geometry(kernel_shape, strides, pads, auto_pad), 0)
 
 
-@kernel("AveragePool", since=7, prepare=True)
+@kernel("AveragePool", since=7, prepare=True, out=True, views=False)
 def average_pool_7(ctx, *, auto_pad="NOTSET", count_include_pad=0, kernel_shape, pads=None, strides=None):
     """AveragePool-7: adds count_include_pad."""
     return _average_pool(_geometry(kernel_shape, strides, pads, auto_pad), count_include_pad)
 
 
-@kernel("AveragePool", since=10, prepare=True)
+@kernel("AveragePool", since=10, prepare=True, out=True, views=False)
 def average_pool_10(ctx, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, kernel_shape, pads=None,
                     strides=None):
     """AveragePool-10/11: adds ceil_mode."""
     return _average_pool(_geometry(kernel_shape, strides, pads, auto_pad, None, ceil_mode), count_include_pad)
 
 
-@kernel("AveragePool", since=19, prepare=True)
+@kernel("AveragePool", since=19, prepare=True, out=True, views=False)
 def average_pool_19(ctx, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,
                     pads=None, strides=None):
     """AveragePool-19/22: adds dilations."""
@@ -156,10 +378,10 @@ def average_pool_19(ctx, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0,
 
 
 def _lp_pool(geometry, p):
-    def make(shape):
+    def make(shape, dtype):
         w = geometry(shape)
 
-        def run(x):
+        def run(x, out):
             powered = np.abs(x) ** x.dtype.type(p)
             return (_sum(powered, w) ** x.dtype.type(1.0 / p)).astype(x.dtype, copy=False)
 
@@ -190,16 +412,36 @@ def _spatial_axes(x: np.ndarray) -> tuple[int, ...]:
     return tuple(range(2, x.ndim))
 
 
-@kernel("GlobalAveragePool", since=1)
-def global_average_pool(x):
+def _global(x: np.ndarray, out: np.ndarray | None, op, mean: bool) -> np.ndarray:
+    """Reduce each (image, channel) plane to one value, in parallel over planes when worth it."""
+    planes = x.shape[0] * x.shape[1]
+    y = np.empty(x.shape[:2] + (1,) * (x.ndim - 2), dtype=x.dtype) if out is None else out
+    src, dst = x.reshape(planes, -1), y.reshape(planes)
+    # float16 sums would lose digits over a plane: accumulate those in float32 (as np.mean does)
+    acc = np.float32 if mean and x.dtype == np.float16 else None
+
+    def rows(lo: int, hi: int) -> None:
+        r = op.reduce(src[lo:hi], axis=1, dtype=acc, out=None if acc else dst[lo:hi])
+        if mean:
+            np.divide(r, r.dtype.type(src.shape[1]), out=dst[lo:hi], casting="unsafe")
+
+    if x.nbytes < _SPLIT_BYTES:
+        rows(0, planes)
+    else:
+        parallel_for(planes, rows)
+    return y
+
+
+@kernel("GlobalAveragePool", since=1, out=True, views=False)
+def global_average_pool(x, *, out=None):
     """GlobalAveragePool-1/22: mean over all spatial dims, kept as size 1."""
-    return np.mean(x, axis=_spatial_axes(x), keepdims=True).astype(x.dtype, copy=False)
+    return _global(x, out, np.add, mean=True)
 
 
-@kernel("GlobalMaxPool", since=1)
-def global_max_pool(x):
+@kernel("GlobalMaxPool", since=1, out=True, views=False)
+def global_max_pool(x, *, out=None):
     """GlobalMaxPool-1/22: max over all spatial dims, kept as size 1."""
-    return np.max(x, axis=_spatial_axes(x), keepdims=True)
+    return _global(x, out, np.maximum, mean=False)
 
 
 def _global_lp(x, p):
