@@ -3,9 +3,10 @@
 Each m x m output tile needs an (m+2) x (m+2) input tile; in the transformed
 domain the convolution is an elementwise product, which summed over channels
 becomes one GEMM per transformed position: 2.25x fewer multiplies than im2col.
-The transforms are sparse combinations of image planes. F(4x4, 3x3) (4x fewer
-multiplies) was measured too: accurate to 1e-5 but its larger transforms made it
-no faster here, so only m = 2 is kept; the code stays written for a general m.
+The transforms are sparse combinations of image planes, written out for m = 2 as
+binary numpy ops over contiguous rows. F(4x4, 3x3) (4x fewer multiplies) was
+measured too, twice: accurate to 1e-5 but its larger transforms made it no faster
+than F(2x2) or im2col on any vgg19/resnet50 layer here, so only m = 2 is kept.
 """
 
 from __future__ import annotations
@@ -57,72 +58,79 @@ def applies(w: geo.Window, p) -> bool:
     return tiles >= MIN_TILES and min(p.out_channels, p.matrix.shape[2] // 9) >= MIN_CHANNELS
 
 
-def _combine(mat: np.ndarray, planes: list[np.ndarray], out: np.ndarray, scratch: np.ndarray) -> None:
-    """out[a] = sum_j mat[a, j] * planes[j], skipping zero coefficients and multiplying only when != +-1."""
-    for a in range(mat.shape[0]):
-        first = True
-        for j in np.flatnonzero(mat[a]):
-            c = mat[a, j]
-            if first:
-                if c == 1:
-                    np.copyto(out[a], planes[j])
-                else:
-                    np.multiply(planes[j], out.dtype.type(c), out=out[a])
-                first = False
-            elif c == 1:
-                out[a] += planes[j]
-            elif c == -1:
-                out[a] -= planes[j]
-            else:
-                np.multiply(planes[j], out.dtype.type(c), out=scratch)
-                out[a] += scratch
+def _input_transform(xp: np.ndarray, th: int, tw: int) -> np.ndarray:
+    """B^T d B for every 4x4 tile (stride 2) of padded planes xp (C, *images, 2*th + 2, 2*tw + 2).
 
-
-def _input_transform(xp: np.ndarray, th: int, tw: int, m: int) -> np.ndarray:
-    """B^T d B for every (m+2)-square tile (stride m) of padded planes xp (C, *images, rows, cols).
-
-    Returns (alpha^2, C, images * th * tw). Rows first on whole contiguous image rows, then columns on
-    the row-transformed planes.
+    Returns (16, C, images * th * tw). The canvas's even and odd columns are split apart once, so that
+    every later step is one numpy binary op over contiguous rows: tile column j of tile t is even
+    column t (j = 0), odd t (1), even t + 1 (2) or odd t + 1 (3). B^T's rows are d0 - d2, d1 + d2,
+    d2 - d1 and d1 - d3, applied to rows first and then to columns.
     """
-    bt = _MATRICES[m][0]
-    alpha = m + 2
-    lead, wp = xp.shape[:-2], xp.shape[-1]
-    rows = tiles.scratch("winograd-rows", (alpha,) + lead + (th, wp), xp.dtype)
-    spare = tiles.scratch("winograd-spare", lead + (th, wp), xp.dtype)
-    _combine(bt, [xp[..., i : i + m * th : m, :] for i in range(alpha)], rows, spare)
-    v = tiles.scratch("winograd-v", (alpha, alpha) + lead + (th, tw), xp.dtype)
-    spare = spare.reshape(-1)[: math.prod(lead) * th * tw].reshape(lead + (th, tw))
-    for a in range(alpha):
-        _combine(bt, [rows[a][..., j : j + m * tw : m] for j in range(alpha)], v[a], spare)
-    return v.reshape(alpha * alpha, lead[0], -1)
+    lead = xp.shape[:-2]
+    dtype = xp.dtype
+    halves = []
+    for parity in (0, 1):
+        half = tiles.scratch(f"winograd-cols{parity}", lead + (xp.shape[-2], tw + 1), dtype)
+        np.copyto(half, xp[..., parity : parity + 2 * tw + 1 : 2])
+        halves.append(half)
+    rows = []
+    for parity, half in enumerate(halves):
+        d = [half[..., i : i + 2 * th : 2, :] for i in range(4)]
+        r = tiles.scratch(f"winograd-rows{parity}", (4,) + lead + (th, tw + 1), dtype)
+        np.subtract(d[0], d[2], out=r[0])
+        np.add(d[1], d[2], out=r[1])
+        np.subtract(d[2], d[1], out=r[2])
+        np.subtract(d[1], d[3], out=r[3])
+        rows.append(r)
+    v = tiles.scratch("winograd-v", (4, 4) + lead + (th, tw), dtype)
+    even, odd = rows
+    for a in range(4):
+        e0, e1, o0, o1 = even[a][..., :tw], even[a][..., 1:], odd[a][..., :tw], odd[a][..., 1:]
+        np.subtract(e0, e1, out=v[a, 0])
+        np.add(o0, e1, out=v[a, 1])
+        np.subtract(e1, o0, out=v[a, 2])
+        np.subtract(o0, o1, out=v[a, 3])
+    return v.reshape(16, lead[0], -1)
 
 
-def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, m: int) -> None:
-    """A^T p A for every tile, scattered into y (M, *images, rows, ow) with stride-m interleaving."""
-    at = _MATRICES[m][2]
-    alpha = m + 2
-    p = prod.reshape((alpha, alpha) + y.shape[:-2] + (th, tw))
-    s = tiles.scratch("winograd-s", (m, alpha) + p.shape[2:], prod.dtype)
-    _combine(at, list(p), s, tiles.scratch("winograd-spare", p.shape[1:], prod.dtype))
-    o = tiles.scratch("winograd-o", (m,) + p.shape[2:], prod.dtype)
-    scratch = tiles.scratch("winograd-spare", p.shape[2:], prod.dtype)
-    for r in range(m):
-        rows = y[..., r::m, :]
+def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int) -> None:
+    """A^T p A for every tile into y (M, *images, rows, ow): rows r and columns q of each 2x2 output tile.
+
+    A^T's rows are p0 + p1 + p2 and p1 - p2 - p3; the last sum of each output lands straight in its
+    stride-2 view of y (cropped where the output size is odd).
+    """
+    p = prod.reshape((4, 4) + y.shape[:-2] + (th, tw))
+    s = tiles.scratch("winograd-s", (2, 4) + p.shape[2:], prod.dtype)
+    np.add(p[0], p[1], out=s[0])
+    s[0] += p[2]
+    np.subtract(p[1], p[2], out=s[1])
+    s[1] -= p[3]
+    o = tiles.scratch("winograd-o", p.shape[2:], prod.dtype)
+    for r in range(2):
+        rows = y[..., r::2, :]
         if rows.shape[-2] == 0:
             continue
-        _combine(at, list(s[r]), o, scratch)
-        for q in range(m):
-            cols = rows[..., q::m]
-            cols[...] = o[q][..., : rows.shape[-2], : cols.shape[-1]]
+        t = s[r]
+        for q in range(2):
+            cols = rows[..., q::2]
+            if cols.shape[-1] == 0:
+                continue
+            crop = (Ellipsis, slice(0, cols.shape[-2]), slice(0, cols.shape[-1]))
+            if q == 0:
+                np.add(t[0], t[1], out=o)
+                np.add(o[crop], t[2][crop], out=cols)
+            else:
+                np.subtract(t[1], t[2], out=o)
+                np.subtract(o[crop], t[3][crop], out=cols)
 
 
-def plan(w: geo.Window, m: int | None = None, budget: int | None = None):
-    """The Winograd plan for one input geometry (output tiles m x m, TILE by default).
+def plan(w: geo.Window, budget: int | None = None):
+    """The Winograd F(2x2, 3x3) plan for one input geometry.
 
     Tiles of the conv output (tiles.py) are bands of Winograd tile rows (and, for small images, output-channel
     ranges); each band pads its own input rows, transforms them, runs the alpha^2 GEMMs and writes its rows.
     """
-    m = m or TILE
+    m = TILE
     alpha = m + 2
     oh, ow = w.out_shape
     th, tw = math.ceil(oh / m), math.ceil(ow / m)
@@ -150,12 +158,12 @@ def plan(w: geo.Window, m: int | None = None, budget: int | None = None):
             if hi > lo:
                 xp[:, :, lo - top : hi - top, bw : bw + right] = \
                     x[t.image : t.image + k, :, lo:hi, :right].transpose(1, 0, 2, 3)
-            v = _input_transform(xp, t1 - t0, tw, m)
+            v = _input_transform(xp, t1 - t0, tw)
             prod = tiles.scratch("winograd-prod", (v.shape[0], t.m1 - t.m0, v.shape[2]), x.dtype)
             for j in range(v.shape[0]):
                 np.matmul(u[j, t.m0 : t.m1], v[j], out=prod[j])
             target = y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1].transpose(1, 0, 2, 3)
-            _output_transform(prod, target, t1 - t0, tw, m)
+            _output_transform(prod, target, t1 - t0, tw)
             _finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
 
         run_tiles(cache[key], band)
