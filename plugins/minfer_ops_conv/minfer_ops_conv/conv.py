@@ -12,7 +12,7 @@ import numpy as np
 from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import _geometry as geo
-from . import winograd
+from . import depthwise, winograd
 from .tiles import Epilogue, Tile, cut, run_tiles, scratch
 
 
@@ -204,33 +204,10 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
     return run
 
 
-def _depthwise(w: geo.Window) -> Plan:
-    """group == C == M: a weighted sum of the kernel's strided taps, no GEMM."""
-
-    def run(x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
-        xp = geo.pad(x, w)
-        c = x.shape[1]
-        tmp = np.empty_like(y)
-        bcast = (c,) + (1,) * len(w.out_shape)
-        for t, taps in enumerate(w.taps()):
-            tap = xp[(slice(None), slice(None)) + taps]
-            weight = p.depthwise[:, t].reshape(bcast)
-            if t == 0:
-                np.multiply(tap, weight, out=y)
-            else:
-                np.multiply(tap, weight, out=tmp)
-                y += tmp
-        whole = Tile(0, 0, c, 0, y.shape[2] if y.ndim > 2 else 0)
-        for i in range(x.shape[0]):
-            _finish(y, whole._replace(image=i), bias, epilogue)
-
-    return run
-
-
 def candidates(w: geo.Window, p: Packed, channels: int) -> list[Plan]:
     """The methods (and tile sizes) that can compute this conv, the usual best first."""
     if p.depthwise is not None and channels == p.group:
-        return [_depthwise(w)]
+        return [depthwise.plan(w)]  # times its two layouts itself
     if all(k == 1 for k in p.kernel) and not w.padded:
         return [_pointwise(w, b) for b in TUNE_BYTES]
     plans = [_im2col(w, b) for b in TUNE_BYTES]
