@@ -295,6 +295,9 @@ class Engine:
             for cache in (self._plans, self._bound, self._types):
                 cache.pop(old, None)
         if plan.arena_bytes > self._arena.nbytes:
+            # the first run's arrays are freed, but glibc keeps much of that heap: hand it back before the
+            # arena comes on top of it (peak: squeezenet b8 83 -> 58 MB, densenet121 b8 190 -> 125)
+            _trim_heap()
             # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing
             self._arena = np.empty(align(plan.arena_bytes), dtype=np.uint8)
             self._bound = {s: bind_buffers(p, self._arena) for s, p in self._plans.items()}
@@ -427,6 +430,23 @@ def _packed_release_points(graph: Graph, order: Sequence[Node], kernels: Sequenc
         if packed_everywhere[name] and name not in outputs:
             points.setdefault(i, []).append(name)
     return points
+
+
+@functools.lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    import ctypes
+
+    try:
+        return getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
+    except (OSError, TypeError):  # no C library handle to ask (Windows)
+        return None
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free pages to the OS (glibc; a no-op elsewhere)."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def _opset(graph: Graph, node: Node) -> int:
