@@ -50,8 +50,10 @@ BLOCK_BYTES = 4 << 20
 # here, and two threads making short numpy calls wait on each other for the GIL (at 0.5M, shufflenet's
 # 112x56x56 stride-2 layer gained nothing from a second thread; at 1M, 136x28x28 gained 15%)
 MIN_SPLIT_MACS = 800_000
-# planes of at most this many input cells try channels-last first
+# output planes of at most this many cells, with at least this many channels, try channels-last first
+# (shufflenet: 28x28 stride 2 to 14x14 took 98 us last, 140 first; 28x28 stride 1, 225 first, 296 last)
 SMALL_PLANE = 400
+MIN_LAST_CHANNELS = 32
 # MINFER_CONV_TUNE=0 (as for conv.py): no timing at the first run, the layout follows the plane size
 TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
 
@@ -234,7 +236,7 @@ class _Depthwise:
         n, c = x.shape[:2]
         if self.layout:
             layouts = [self.layout]
-        elif math.prod(self.window.in_shape) <= SMALL_PLANE:
+        elif math.prod(self.window.out_shape) <= SMALL_PLANE and c >= MIN_LAST_CHANNELS:
             layouts = ["last", "first"]
         else:
             layouts = ["first", "last"]
