@@ -152,3 +152,30 @@ def test_relu_keeps_ints_0d_and_strided_inputs():
     out = np.empty((400, 300), np.float32)
     np.testing.assert_array_equal(relu(x.T, out=out), np.maximum(x.T, 0))
     assert relu(np.float32(-2.0).reshape(())).shape == ()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("lo,hi", [(-0.5, 0.3), (0.5, -0.5), (None, 0.2), (-0.1, None), (-np.inf, np.nan)])
+def test_clip_in_blocks_keeps_max_then_min(dtype, lo, hi):
+    """Large float Clip runs against bound blocks: lo > hi gives hi, nan propagates, one bound alone works."""
+    x = RNG.standard_normal(3 * (1 << 16) + 11).astype(dtype)
+    x[::97] = np.nan
+    args = [None if b is None else np.asarray(b, dtype) for b in (lo, hi)]
+    want = x
+    if lo is not None:
+        want = np.maximum(want, args[0])
+    if hi is not None:
+        want = np.minimum(want, args[1])
+    got = _kernel("Clip")(x, *args)
+    np.testing.assert_array_equal(got, want)
+    own = x.copy()
+    assert _kernel("Clip")(own, *args, out=own) is own
+    np.testing.assert_array_equal(own, want)
+    np.testing.assert_array_equal(_kernel("Clip", 6)(x, out=np.empty_like(x)), x)  # FLT_MAX defaults
+
+
+def test_hard_sigmoid_and_hard_swish_on_large_inputs():
+    x = RNG.standard_normal(5000).astype(np.float32) * 4
+    hs = np.clip(np.float32(0.2) * x + np.float32(0.5), 0, 1)
+    np.testing.assert_array_equal(_kernel("HardSigmoid")(x), hs)
+    np.testing.assert_allclose(_kernel("HardSwish")(x), x * np.clip(x / 6 + 0.5, 0, 1), rtol=1e-6, atol=1e-7)

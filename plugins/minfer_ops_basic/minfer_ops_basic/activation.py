@@ -50,18 +50,19 @@ def sigmoid(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     return _blocks(x, out, _sigmoid_block)
 
 
-@functools.lru_cache(maxsize=8)
-def _zeros(dtype: np.dtype, size: int) -> np.ndarray:
-    """A shared read-only zero block: numpy 2.4's max against an array is ~5x faster than against a 0-d zero."""
-    z = np.zeros(size, dtype)
-    z.flags.writeable = False
-    return z
+@functools.lru_cache(maxsize=16)
+def _filled(dtype: np.dtype, value: float, size: int) -> np.ndarray:
+    """A shared read-only block of ``value``: numpy 2.4's max/min against an array run 3-5x faster than
+    against a 0-d bound (a slow path for that case)."""
+    block = np.full(size, value, dtype)
+    block.flags.writeable = False
+    return block
 
 
 def _relu(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     if x.dtype.kind != "f" or x.size < 1024:
         return np.maximum(x, np.zeros((), dtype=x.dtype), out=out)
-    zeros = _zeros(x.dtype, min(x.size, BLOCK))
+    zeros = _filled(x.dtype, 0.0, min(x.size, BLOCK))
     return _blocks(x, out, lambda a, y: np.maximum(a, zeros[: a.size], out=y))
 
 
@@ -92,7 +93,8 @@ KERNELS += unary_kernels("Mish", _mish, 18, name="x * tanh(softplus(x))")
 
 
 def _hard_sigmoid(x: np.ndarray, alpha: float, beta: float) -> np.ndarray:
-    return np.clip(scalar(alpha, x) * x + scalar(beta, x), 0, 1).astype(x.dtype, copy=False)
+    t = np.asarray(scalar(alpha, x) * x + scalar(beta, x), dtype=x.dtype)
+    return _clip(t, 0.0, 1.0, t if t.ndim else None)
 
 
 KERNELS += unary_kernels("HardSwish", lambda x: x * _hard_sigmoid(x, 1 / 6, 0.5), 14, name="x * hardsigmoid(x)")
@@ -262,6 +264,8 @@ def _clip(x: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None = None) -> np.
     """max then min, so lo > hi yields hi everywhere, as ONNX specifies."""
     if is_exotic(x.dtype):
         return into(out, arr(_clip(as_float(x), lo, hi), x.dtype))
+    if x.dtype.kind == "f" and x.size >= 1024 and (lo is not None or hi is not None):
+        return _clip_blocks(x, lo, hi, out)
     v = x
     with np.errstate(all="ignore"):  # float16 turns the default FLT_MAX bounds into inf
         if lo is not None:
@@ -270,6 +274,22 @@ def _clip(x: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None = None) -> np.
             reuse = out if v is x else v  # a 0-d max comes back as a numpy scalar: not reusable
             v = np.minimum(v, np.asarray(hi).astype(x.dtype), out=reuse if isinstance(reuse, np.ndarray) else None)
     return into(out, v) if v is x else arr(v)
+
+
+def _clip_blocks(x: np.ndarray, lo: Any, hi: Any, out: np.ndarray | None) -> np.ndarray:
+    """_clip of a float array in blocks, against blocks of each bound (same results, 3x faster)."""
+    size = min(x.size, BLOCK)
+    with np.errstate(all="ignore"):  # float16 turns the default FLT_MAX bounds into inf
+        bounds = [(f, _filled(x.dtype, float(np.asarray(b).astype(x.dtype)), size))
+                  for f, b in ((np.maximum, lo), (np.minimum, hi)) if b is not None]
+
+    def step(a: np.ndarray, y: np.ndarray) -> None:
+        v = a
+        for f, block in bounds:
+            f(v, block[: a.size], out=y)
+            v = y
+
+    return _blocks(x, out, step)
 
 
 @kernel("Clip", since=11, out=True, inplace=(0,))
