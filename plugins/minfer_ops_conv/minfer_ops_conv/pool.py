@@ -1,21 +1,21 @@
 """Kernels: MaxPool, AveragePool, LpPool and the global pools.
 
-MaxPool and AveragePool reduce one spatial axis at a time (rows, then
-columns: 3 + 3 passes instead of 9 for a 3x3 window), each kernel tap
-reading only the input cells it covers, so no padded copy is ever made. The
-planes (image, channel) are cut into chunks of a few hundred KB so a chunk's
-intermediate stays in L2, and the chunks are shared between the intra-op
-threads.
+numpy's ufuncs are several times faster on contiguous runs than on
+row-strided views, so the 2-D pools are written as one contiguous run per
+kernel tap over a whole chunk of planes (see `_same` and `_phased`);
+other ranks reduce one axis at a time, each tap reading only the cells it
+covers (`_separable`). Chunks of planes bound the scratch; inputs of
+several MB are split between the intra-op threads.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from typing import Callable
 
 import numpy as np
-from numpy.lib.stride_tricks import as_strided
 
 from minfer_core import kernel, parallel_for
 
@@ -24,7 +24,7 @@ from . import _geometry as geo
 _ALL = (slice(None), slice(None))
 # a chunk's input planes plus its scratch. Not L2-sized: each numpy call costs a few microseconds
 # of Python, so many small chunks lose more than the cache saves; this only bounds the scratch.
-_CHUNK_BYTES = 2 * 1024 * 1024
+_CHUNK_BYTES = 4 * 1024 * 1024
 # below this input size a pool (~0.1 ms per MB) is cheaper whole than split between two threads
 _SPLIT_BYTES = 4 * 1024 * 1024
 
@@ -122,13 +122,19 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     lag = max(q for q, _ in taps)
     rows, width = out_h + lag, aw.length
     plane = rows * width
-    copies = []  # per phase: its data rows and the input row the first comes from
+    copies, fills = [], []  # per phase: where its data goes and comes from; the pad regions to fill
+    cols, src_cols = slice(aw.before, aw.before + aw.keep), slice(aw.crop, aw.crop + aw.keep)
     for p in phases:
         lo = min(rows, max(0, -(-(ah.before - p) // sh)))
         hi = max(lo, min(rows, -(-(ah.before + ah.keep - p) // sh)))
-        copies.append((lo, hi, p + lo * sh - ah.before + ah.crop))
-    cols, src_cols = slice(aw.before, aw.before + aw.keep), slice(aw.crop, aw.crop + aw.keep)
+        start = p + lo * sh - ah.before + ah.crop
+        copies.append(((slice(None), slice(lo, hi), cols), (slice(None), slice(start, start + (hi - lo - 1) * sh + 1, sh), src_cols)) if hi > lo else None)
+        regions = [(slice(0, lo),), (slice(hi, rows),)]
+        if hi > lo:
+            regions += [(slice(lo, hi), slice(0, cols.start)), (slice(lo, hi), slice(cols.stop, width))]
+        fills.append([(slice(None),) + r for r in regions if all(x.stop > x.start for x in r)])
     shifts = [t * w.dilations[1] for t in range(w.kernel[1])]
+    pick = (slice(None), slice(0, out_h), slice(0, (out_w - 1) * sw + 1, sw))
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         k = len(src)
@@ -136,20 +142,20 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
             return
         n_t = k * plane - lag * width
         n_u = n_t - shifts[-1]
-        *split, t, u = _scratch(src.dtype, [k * plane] * len(phases) + [n_t, n_u])
-        for (lo, hi, start), flat in zip(copies, split):
+        *split, t, u = _scratch(src.dtype, [k * plane] * (len(phases) + 1) + [k * plane])
+        for copy, regions, flat in zip(copies, fills, split):
             ph = flat.reshape(k, rows, width)
-            ph[:, :lo] = fill
-            ph[:, hi:] = fill
-            if hi > lo:
-                np.copyto(ph[:, lo:hi, cols], src[:, start : start + (hi - lo - 1) * sh + 1 : sh, src_cols])
-                ph[:, lo:hi, : cols.start] = fill
-                ph[:, lo:hi, cols.stop :] = fill
+            for region in regions:
+                ph[region] = fill
+            if copy is not None:
+                np.copyto(ph[copy[0]], src[copy[1]])
         runs = [split[phases.index(p)][q * width : q * width + n_t] for q, p in taps]
-        t = _fold(op, runs, t)
-        u = _fold(op, [t[d : d + n_u] for d in shifts], u)
-        item = u.itemsize
-        np.copyto(dst, as_strided(u, (k, out_h, out_w), (plane * item, width * item, sw * item)))
+        t = _fold(op, runs, t[:n_t])
+        if len(shifts) > 1:
+            _fold(op, [t[d : d + n_u] for d in shifts], u[:n_u])
+        else:  # a one-column kernel: the row result is the answer (copied to get the chunk's layout back)
+            np.copyto(u[:n_u], t[:n_u])
+        np.copyto(dst, u.reshape(k, rows, width)[pick])
 
     return reduce, plane * (len(phases) + 2)
 
@@ -209,11 +215,24 @@ def _fold(op, runs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
     return out
 
 
+@functools.lru_cache(maxsize=64)
+def _ones(n: int, dtype: np.dtype) -> np.ndarray:
+    return np.ones(n, dtype=dtype)
+
+
+def _rows_reduce(op, src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[i] = op over row i of src. Float sums are a matrix-vector product with ones: 4x faster than add.reduce."""
+    if op is np.add and src.dtype in (np.float32, np.float64):
+        np.matmul(src, _ones(src.shape[1], src.dtype), out=dst)
+    else:
+        op.reduce(src, axis=1, out=dst)
+
+
 def _whole(op) -> Reducer:
     """A reducer for a window that reads every input cell once: one reduction per plane."""
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
-        op.reduce(src.reshape(len(src), -1), axis=1, out=dst.reshape(len(dst)))
+        _rows_reduce(op, src.reshape(len(src), -1), dst.reshape(len(dst)))
 
     return reduce
 
@@ -421,7 +440,10 @@ def _global(x: np.ndarray, out: np.ndarray | None, op, mean: bool) -> np.ndarray
     acc = np.float32 if mean and x.dtype == np.float16 else None
 
     def rows(lo: int, hi: int) -> None:
-        r = op.reduce(src[lo:hi], axis=1, dtype=acc, out=None if acc else dst[lo:hi])
+        if acc:
+            r = op.reduce(src[lo:hi], axis=1, dtype=acc)
+        else:
+            _rows_reduce(op, src[lo:hi], r := dst[lo:hi])
         if mean:
             np.divide(r, r.dtype.type(src.shape[1]), out=dst[lo:hi], casting="unsafe")
 
