@@ -54,6 +54,9 @@ MIN_SPLIT_MACS = 800_000
 # (shufflenet: 28x28 stride 2 to 14x14 took 98 us last, 140 first; 28x28 stride 1, 225 first, 296 last)
 SMALL_PLANE = 400
 MIN_LAST_CHANNELS = 32
+# each thread keeps its zero-bordered input buffers (one per geometry and block size) up to this much
+# (shufflenet batch 1: 5.3 MB, both layouts having been tried; the scratch stack and result add 2.6 MB)
+PADDED_BYTES = 32 << 20
 # MINFER_CONV_TUNE=0 (as for conv.py): no timing at the first run, the layout follows the plane size
 TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
 
@@ -166,8 +169,8 @@ def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
     pool = _local.__dict__.setdefault("padded", {})
     buf = pool.get(key)
     if buf is None:
-        if len(pool) >= 64:  # many input shapes: start over rather than hold them all
-            pool.clear()
+        if sum(b.nbytes for b in pool.values()) + size * dtype.itemsize > PADDED_BYTES:
+            pool.clear()  # many geometries: start over rather than hold them all
         buf = pool[key] = np.zeros(size, dtype=dtype)
     return buf
 
