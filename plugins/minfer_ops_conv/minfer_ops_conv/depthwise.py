@@ -20,10 +20,11 @@ layouts, because neither wins everywhere:
   and a single einsum over a (*kernel, *out, C) view sums all taps with
   rows running over channels.
 
-Measured on shufflenet's 16 depthwise layers (bench/depthwise_layers.py, 2 threads, medians):
-batch 1, the whole-tensor tap method this replaces 8.3 ms, this 2.7 ms, onnxruntime 0.47 ms;
-batch 8, 52 / 19.6 / 4.5 ms. numpy's multiply (~10 G elements/s here) and einsum (~6 G
-multiply-adds/s, SSE loops) bound it; the rest is the pad and transpose copies.
+Measured on shufflenet's 16 depthwise layers (bench/depthwise_layers.py, 2 threads, medians
+over runs that varied by a third on this shared machine): batch 1, the whole-tensor tap method
+this replaces 6.4-8.3 ms, this 2.5-3.2 ms, onnxruntime 0.5 ms; batch 8, 52-83 / 20-24 / 4.5-7 ms.
+numpy's multiply (~10 G elements/s here) and einsum (~6 G multiply-adds/s: SSE loops) bound it;
+the rest is the pad and transpose copies, whose rows are short.
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ Plan = Callable[[np.ndarray, Any, np.ndarray, "np.ndarray | None", "Epilogue | N
 # (per-call costs outweigh L2 misses; L3 is 32 MB), slower at 512 kB
 BLOCK_BYTES = 4 << 20
 # below this many multiply-adds a conv runs on one thread: an empty 2-thread parallel_for costs ~50 us
-# here, and two threads making short numpy calls wait on each other for the GIL (at 0.5M, shufflenet's
-# 112x56x56 stride-2 layer gained nothing from a second thread; at 1M, 136x28x28 gained 15%)
+# here, and two threads making short numpy calls wait on each other for the GIL. Interleaved A/B at
+# shufflenet's shapes: 272x14x14 (0.48M) 128 -> 145 us split; 136x28x28 (0.96M) even; batch 8's
+# 544x7x7 (1.9M) 635 -> 484 us and 272x14x14 stride 2 (0.96M) 379 -> 292 us.
 MIN_SPLIT_MACS = 800_000
 # output planes of at most this many cells, with at least this many channels, try channels-last first
 # (shufflenet: 28x28 stride 2 to 14x14 took 98 us last, 140 first; 28x28 stride 1, 225 first, 296 last)
