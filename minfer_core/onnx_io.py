@@ -6,10 +6,11 @@ resolved inside the model's folder or refused.
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, BinaryIO, Union
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from .errors import ModelLoadError
 from .graph import Graph, Node
+from .rawdata import WireFormatError, read_payload, split_model
 from .tensor import Dim, TensorType
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -45,12 +47,12 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None)
     ``base_dir`` is the folder external data is read from; it defaults to the
     model file's folder. Raises ModelLoadError for anything unreadable.
     """
-    proto, folder = _read_proto(model)
+    proto, folder, preloaded = _read_proto(model)
     folder = Path(base_dir) if base_dir is not None else folder
     opsets = {("" if o.domain in _DEFAULT_DOMAINS else o.domain): int(o.version) for o in proto.opset_import}
     if proto.ir_version < 3 and "" not in opsets:
         opsets[""] = 1
-    graph = _import_graph(proto.graph, opsets, folder)
+    graph = _import_graph(proto.graph, opsets, folder, preloaded)
     graph.meta.update(
         ir_version=int(proto.ir_version),
         producer_name=proto.producer_name,
@@ -63,17 +65,41 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None)
     return graph
 
 
-def _read_proto(model: ModelSource) -> tuple[onnx.ModelProto, Path | None]:
+def _read_proto(model: ModelSource) -> tuple[onnx.ModelProto, Path | None, dict[int, np.ndarray]]:
+    """The ModelProto, the folder of its file, and the initializers read around protobuf (by index)."""
     if isinstance(model, onnx.ModelProto):
-        return model, None
+        return model, None, {}
     if isinstance(model, (bytes, bytearray)):
-        return _parse(bytes(model), "<bytes>"), None
+        proto, preloaded = _parse_split(io.BytesIO(bytes(model)), "<bytes>")
+        return proto, None, preloaded
     path = Path(model)
     try:
-        data = path.read_bytes()
+        fh = open(path, "rb")
     except OSError as exc:
         raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from exc
-    return _parse(data, str(path)), path.resolve().parent
+    with fh:
+        proto, preloaded = _parse_split(fh, str(path))
+    return proto, path.resolve().parent, preloaded
+
+
+def _parse_split(src: BinaryIO, where: str) -> tuple[onnx.ModelProto, dict[int, np.ndarray]]:
+    """Parse with the large initializers read straight into arrays (rawdata.py); whole if that cannot be."""
+    try:
+        stripped, spans = split_model(src)
+    except WireFormatError:
+        spans = []
+    proto = _parse(stripped, where) if spans else None
+    if proto is None or len(proto.graph.initializer) != len(spans):
+        src.seek(0)
+        return _parse(src.read(), where), {}
+    preloaded = {}
+    for i, (tensor, span) in enumerate(zip(proto.graph.initializer, spans)):
+        if span is not None:
+            try:
+                preloaded[i] = read_payload(src, span, tuple(tensor.dims))
+            except ValueError as exc:
+                raise ModelLoadError(f"tensor {tensor.name!r} cannot be decoded: {exc}") from exc
+    return proto, preloaded
 
 
 def _parse(data: bytes, where: str) -> onnx.ModelProto:
@@ -87,8 +113,11 @@ def _parse(data: bytes, where: str) -> onnx.ModelProto:
     return proto
 
 
-def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], folder: Path | None) -> Graph:
-    initializers = {t.name: tensor_to_array(t, folder) for t in gp.initializer}
+def _import_graph(gp: onnx.GraphProto, opsets: dict[str, int], folder: Path | None,
+                  preloaded: dict[int, np.ndarray] | None = None) -> Graph:
+    preloaded = preloaded or {}
+    initializers = {t.name: preloaded[i] if i in preloaded else tensor_to_array(t, folder)
+                    for i, t in enumerate(gp.initializer)}
     for sparse in gp.sparse_initializer:
         initializers[sparse.values.name] = _sparse_to_dense(sparse, folder)
     types: dict[str, TensorType] = {}
