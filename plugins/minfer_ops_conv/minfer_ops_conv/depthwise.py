@@ -177,14 +177,6 @@ def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
     return buf
 
 
-def _store(dst: np.ndarray, src: np.ndarray, bias: np.ndarray | None) -> None:
-    """dst = src (+ bias), cast to dst's dtype."""
-    if bias is None:
-        np.copyto(dst, src, casting="same_kind")
-    else:
-        np.add(src, bias, out=dst, casting="same_kind")
-
-
 class _Choice(NamedTuple):
     layout: str
     units: list[tuple[int, int, int]]  # (image, c0, c1)
@@ -302,7 +294,10 @@ class _Depthwise:
         if ones is None:
             ones = self._ones[work] = np.ones(g.taps, dtype=work)
         np.dot(ones, stack.reshape(g.taps, -1), out=acc)
-        _store(y, acc.reshape((cb, self.window.out_shape[0]) + g.lengths[1:])[g.keep], bias)
+        if bias is not None:  # here, where rows are long, not on y's short rows
+            wide = acc.reshape(cb, g.wide)
+            wide += bias.reshape(cb, 1)
+        np.copyto(y, acc.reshape((cb, self.window.out_shape[0]) + g.lengths[1:])[g.keep], casting="same_kind")
 
     def _block_last(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
                     bias: np.ndarray | None) -> None:
@@ -316,7 +311,9 @@ class _Depthwise:
         taps = np.ndarray(g.kernel + g.out + (cb,), work, buf, 0, tuple(s * cb * item for s in g.steps) + (item,))
         acc = _scratch("acc", math.prod(g.out) * cb, work).reshape(g.out + (cb,))
         np.einsum(g.spec, taps, weights.reshape(g.kernel + (cb,)), out=acc)
-        _store(y, acc.transpose(g.to_first), bias)
+        if bias is not None:  # here, where rows run over channels, not on y's short rows
+            acc += bias.reshape(cb)
+        np.copyto(y, acc.transpose(g.to_first), casting="same_kind")
 
 
 def plan(w: geo.Window, layout: str | None = None) -> Plan:
