@@ -153,6 +153,20 @@ def test_same_size_stride_1_pools(kernel, dil, spatial):
         np.testing.assert_allclose(got, reference_pool(x, attrs, "avg", include), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("kernel", [(2, 2), (3, 3), (2, 1), (1, 3), (3, 2), (1, 1)])
+@pytest.mark.parametrize("spatial", [(1, 3), (4, 6), (7, 8), (9, 9)])
+def test_tiling_pools(kernel, spatial):
+    """Pools whose windows tile the input (kernel = stride, no pads), remainders dropped, tiny inputs."""
+    x = np.random.default_rng(sum(spatial)).standard_normal((2, 3) + spatial).astype(np.float32)
+    attrs = {"kernel_shape": list(kernel), "strides": list(kernel)}
+    if any(s < k for s, k in zip(spatial, kernel)):
+        return  # no window fits
+    with using_threads(2):
+        np.testing.assert_array_equal(make_kernel("MaxPool", 12, x, attrs)(x), reference_pool(x, attrs, "max"))
+        got = make_kernel("AveragePool", 19, x, attrs)(x)
+    np.testing.assert_allclose(got, reference_pool(x, attrs, "avg"), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int8, np.uint8])
 def test_max_pool_keeps_other_dtypes(dtype):
     """MaxPool on float16, float64 and 8-bit integers pads with the dtype's lowest value and keeps the dtype."""

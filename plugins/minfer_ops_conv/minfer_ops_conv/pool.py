@@ -205,6 +205,28 @@ def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     return reduce, h * wd
 
 
+def _blocks(w: geo.Window, op) -> tuple[Reducer, int]:
+    """A 2-D window that tiles the input (kernel = stride, no pads, no dilation): no copy in or out.
+
+    A tap-by-tap fold over row views, then over column views, of the input
+    cut into blocks; at 2x2 this moves half the data the phased path does.
+    """
+    (out_h, out_w), (sh, sw) = w.out_shape, w.strides
+
+    def reduce(src: np.ndarray, dst: np.ndarray) -> None:
+        k = len(src)
+        blocks = src[:, : out_h * sh, : out_w * sw].reshape(k, out_h, sh, out_w * sw)
+        (t,) = _scratch(src.dtype, [k * out_h * out_w * sw])
+        t = _fold(op, [blocks[:, :, r] for r in range(sh)], t.reshape(k, out_h, out_w * sw))
+        columns = [t.reshape(k, out_h, out_w, sw)[..., c] for c in range(sw)]
+        if sw == 1:
+            np.copyto(dst, columns[0])
+        else:
+            _fold(op, columns, dst)
+
+    return reduce, out_h * out_w * sw
+
+
 def _fold(op, runs: list[np.ndarray], out: np.ndarray) -> np.ndarray:
     """op over equal-length runs into out (or the only run itself)."""
     if len(runs) == 1:
@@ -243,6 +265,8 @@ def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
         reduce, scratch = _whole(op), 0
     elif len(w.in_shape) == 2 and w.strides == (1, 1) and w.out_shape == w.in_shape and min(w.begin + w.end) >= 0:
         reduce, scratch = _same(w, op, fill)
+    elif len(w.in_shape) == 2 and w.kernel == w.strides and w.dilations == (1, 1) and not any(w.begin) and max(w.end) <= 0:
+        reduce, scratch = _blocks(w, op)
     elif len(w.in_shape) == 2:
         reduce, scratch = _phased(w, op, fill)
     else:
