@@ -179,7 +179,7 @@ def _chunked(x2: np.ndarray, y2: np.ndarray, s2: np.ndarray | None, b2: np.ndarr
     step = max(1, CHUNK // max(cols, 1))
     per_row = b2.shape[0] != 1
     act = ACTIVATIONS[activation] if activation and activation != "Relu" else None
-    zeros = _zeros(y2.dtype, step * cols) if activation == "Relu" else None
+    zeros = _zeros(y2.dtype, max(CHUNK, cols)) if activation == "Relu" else None  # one size: no cache churn
 
     def chunk(r0: int, r1: int) -> None:
         y, x = y2[r0:r1], x2[r0:r1]  # out may be x: each element is read before it is written
