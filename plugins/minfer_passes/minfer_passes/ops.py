@@ -44,8 +44,25 @@ NEWEST = 10_000  # fused kernels use the newest kernel of their base op: Conv, G
 # ---- activations, applied in place --------------------------------------------
 
 
+_ZEROS: dict[np.dtype, np.ndarray] = {}
+
+
+def zeros_like(y: np.ndarray) -> np.ndarray:
+    """A read-only zero array of y's shape and dtype, a view of one shared block (grown when needed).
+
+    numpy 2.4's maximum runs ~5x faster against an array than against a 0-d zero (measured on a
+    (1, 128, 56, 56) conv tile: 129 -> 26 us).
+    """
+    block = _ZEROS.get(y.dtype)
+    if block is None or block.size < y.size:
+        block = np.zeros(max(y.size, 1 << 16), y.dtype)
+        block.flags.writeable = False
+        _ZEROS[y.dtype] = block  # a racing thread may make its own: both are zeros
+    return block[: y.size].reshape(y.shape)
+
+
 def _relu(y: np.ndarray, p: list[float]) -> None:
-    np.maximum(y, 0, out=y)
+    np.maximum(y, zeros_like(y), out=y)
 
 
 def _leaky_relu(y: np.ndarray, p: list[float]) -> None:
