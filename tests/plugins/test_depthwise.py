@@ -102,6 +102,7 @@ def test_bias_shaped_as_a_column():
 def test_epilogue_sees_each_finished_element_once(threads, layout, stride, monkeypatch):
     """The epilogue gets disjoint regions covering y once, each already holding conv + bias, from any thread."""
     monkeypatch.setattr(depthwise, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(depthwise, "MIN_CHANNEL_SPLIT_MACS", 0)
     monkeypatch.setattr(depthwise, "BLOCK_BYTES", 4096)  # several channel blocks per image
     rng = np.random.default_rng(threads)
     x, w, bias = rng.standard_normal((3, 13, 10, 11)), rng.standard_normal((13, 1, 3, 3)), rng.standard_normal(13)
@@ -222,8 +223,28 @@ def test_layout_choice_is_kept_per_thread_count(monkeypatch):
 def test_random_cases_split_over_two_threads(seed, layout, monkeypatch):
     """Split into many small channel blocks over two threads, random geometries still equal the direct sum."""
     monkeypatch.setattr(depthwise, "MIN_SPLIT_MACS", 0)
+    monkeypatch.setattr(depthwise, "MIN_CHANNEL_SPLIT_MACS", 0)
     monkeypatch.setattr(depthwise, "BLOCK_BYTES", 256)
     x, w, win, bias = random_case(seed)
     with using_threads(2):
         y = run(depthwise.plan(win, layout), x, w, win, bias)
     np.testing.assert_allclose(y, reference(x, w, win, bias), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n,c,size,parts", [
+    (1, 8, 8, 1),  # tiny: never split
+    (1, 136, 28, 1),  # 0.96M multiply-adds in one image: not worth splitting its channels
+    (1, 136, 56, 2),  # 3.8M in one image: its channels are split
+    (2, 136, 28, 2),  # 1.9M over two images: one image a thread
+])
+def test_split_only_when_it_pays(n, c, size, parts):
+    """Work is split over threads only above the thresholds, images before channels."""
+    rng = np.random.default_rng(6)
+    x, w = rng.standard_normal((n, c, size, size)), rng.standard_normal((c, 1, 3, 3))
+    win = geo.window((size, size), (3, 3), pads=(1, 1, 1, 1), clamp_same=True)
+    plan = depthwise.plan(win, "first")
+    with using_threads(2):
+        y = run(plan, x, w, win)
+    (choice,) = plan._choices.values()
+    assert choice.parts == parts
+    np.testing.assert_allclose(y, reference(x, w, win), rtol=1e-4, atol=1e-4)

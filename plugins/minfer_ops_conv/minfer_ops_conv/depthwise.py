@@ -52,6 +52,9 @@ BLOCK_BYTES = 4 << 20
 # shufflenet's shapes: 272x14x14 (0.48M) 128 -> 145 us split; 136x28x28 (0.96M) even; batch 8's
 # 544x7x7 (1.9M) 635 -> 484 us and 272x14x14 stride 2 (0.96M) 379 -> 292 us.
 MIN_SPLIT_MACS = 800_000
+# splitting one image's channels needs more: inside shufflenet (batch 1), the first 136x28x28 layer
+# took 430-560 us split and 300-360 us not (its neighbours' evictions, the worker's wake-up)
+MIN_CHANNEL_SPLIT_MACS = 2_000_000
 # output planes of at most this many cells, with at least this many channels, try channels-last first
 # (shufflenet: 28x28 stride 2 to 14x14 took 98 us last, 140 first; 28x28 stride 1, 225 first, 296 last)
 SMALL_PLANE = 400
@@ -221,7 +224,8 @@ class _Depthwise:
         """(image, channel block) units whose scratch fits BLOCK_BYTES, and whether to split them over threads."""
         per_channel = (self.first if layout == "first" else self.last).scratch_per_channel()
         blocks = math.ceil(c * per_channel * itemsize / BLOCK_BYTES)
-        split = threads > 1 and n * c * self.first.taps * math.prod(self.window.out_shape) >= MIN_SPLIT_MACS
+        macs = n * c * self.first.taps * math.prod(self.window.out_shape)
+        split = threads > 1 and macs >= (MIN_SPLIT_MACS if n >= threads else MIN_CHANNEL_SPLIT_MACS)
         if split and n * blocks < threads:
             blocks = math.ceil(threads / n)
         step = math.ceil(c / min(c, blocks))
