@@ -171,24 +171,23 @@ def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     (h, wd), (dh, dw) = w.in_shape, w.dilations
     rows = [t * dh - w.begin[0] for t in range(w.kernel[0])]
     cols = [t * dw - w.begin[1] for t in range(w.kernel[1])]
-    seg_h, seg_w = geo.axis_segments(w, 0), geo.axis_segments(w, 1)
 
-    def edges(offsets: list[int], n: int) -> list[tuple[int, int]]:
-        """The outputs before and after those whose every tap is inside the input."""
+    def edges(offsets: list[int], n: int, axis: int) -> list[tuple[tuple[slice, ...], list[geo.Segment]]]:
+        """The outputs before and after those whose every tap is inside the input, with their taps."""
         lo = min(n, -offsets[0])
         hi = max(lo, n - offsets[-1])
-        return [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
+        segments, lead = geo.axis_segments(w, axis - 1), (slice(None),) * axis
+        return [(lead + (slice(a, b),), geo.clip_segments(segments, a, b)) for a, b in ((0, lo), (hi, n)) if b > a]
 
-    r_edges, c_edges = edges(rows, h), edges(cols, wd)
+    r_edges, c_edges = edges(rows, h, 1), edges(cols, wd, 2)
 
-    def one_pass(src, dst, axis, offsets, stride, segments, spans):
+    def one_pass(src, dst, axis, offsets, stride, spans):
         flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
         a, b = -offsets[0] * stride, flat_src.size - offsets[-1] * stride
         if b > a:
             _fold(op, [flat_src[a + o * stride : b + o * stride] for o in offsets], flat_dst[a:b])
-        lead = (slice(None),) * axis
-        for e0, e1 in spans:
-            _reduce_axis(src, dst[lead + (slice(e0, e1),)], axis, geo.clip_segments(segments, e0, e1), op, fill)
+        for index, segments in spans:
+            _reduce_axis(src, dst[index], axis, segments, op, fill)
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         if len(rows) == 1:
@@ -196,11 +195,11 @@ def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         else:
             (mid,) = _scratch(src.dtype, [src.size])
             mid = mid.reshape(src.shape)
-            one_pass(src, mid, 1, rows, wd, seg_h, r_edges)
+            one_pass(src, mid, 1, rows, wd, r_edges)
         if len(cols) == 1:
             np.copyto(dst, mid)
         else:
-            one_pass(mid, dst, 2, cols, 1, seg_w, c_edges)
+            one_pass(mid, dst, 2, cols, 1, c_edges)
 
     return reduce, h * wd
 
