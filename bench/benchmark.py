@@ -38,7 +38,7 @@ Runner = Callable[[dict[str, np.ndarray]], Any]
 def make_session(engine: str, blob: bytes, threads: int | str = 2) -> tuple[Runner, dict[str, np.ndarray]]:
     """A run callable for ``engine`` ("minfer", "onnxruntime", "reference") and random feeds for the model.
 
-    ``threads`` is onnxruntime's intra-op thread count and minfer's BLAS thread count.
+    ``threads`` is onnxruntime's intra-op thread count and minfer's intra-op thread count.
     """
     import onnx
 
