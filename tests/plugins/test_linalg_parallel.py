@@ -155,3 +155,18 @@ def test_constant_weights_are_held_once():
     scaled = prepared(linalg.gemm, "Gemm", (None, w, None), transB=1, alpha=2.0)  # scaling needs its own array
     np.testing.assert_allclose(scaled(a, None), 2 * a @ w.T, rtol=1e-5)
     np.testing.assert_array_equal(w, w.copy())  # the original is never written
+
+
+@pytest.mark.parametrize("sa,sb", [((40, 16), (16, 24)), ((2, 9, 16), (16, 40)), ((3, 5, 8), (3, 8, 6)), ((16,), (16, 3))])
+def test_integer_products_stay_exact_when_split(split_everything, sa, sb):
+    """MatMulInteger and QLinearMatMul give exactly the integer results on two threads."""
+    a = RNG.integers(-128, 128, sa).astype(np.int8)
+    b = RNG.integers(0, 256, sb).astype(np.uint8)
+    want = np.matmul(a.astype(np.int64), b.astype(np.int64) - 7)
+    got = linalg.matmul_integer.fn(a, b, None, np.array(7, np.uint8))
+    assert got.dtype == np.int32
+    np.testing.assert_array_equal(got, want)
+    one = np.array(1.0, np.float32)
+    q = linalg.qlinear_matmul.fn(a, one, np.array(0, np.int8), b, one, np.array(7, np.uint8), np.array(64.0, np.float32),
+                                 np.array(0, np.int8))
+    np.testing.assert_array_equal(q, np.clip(np.rint(want / 64.0), -128, 127).astype(np.int8))

@@ -293,18 +293,28 @@ def _centered(x: np.ndarray, zero_point: np.ndarray | None, per_row: bool) -> np
     return v - zp
 
 
+def _exact_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """a @ b of float64 operands (numpy matmul semantics), split over threads when large."""
+    if a.ndim < 2 or b.ndim < 2:
+        return np.matmul(a, b)
+    shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2], b.shape[-1])
+    if a.shape[-1] != b.shape[-2]:
+        return np.matmul(a, b)  # numpy's own error message
+    return product_into(np.empty(shape, np.float64), a, b)
+
+
 @kernel("MatMulInteger", since=10)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """MatMulInteger-10: (A - a_zp) @ (B - b_zp) accumulated exactly, as int32."""
     # float64 holds every int8*int8 partial sum exactly for K < 2**37, and gets BLAS speed
-    y = np.matmul(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    y = _exact_product(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
     return arr(np.rint(y), np.int32)
 
 
 @kernel("QLinearMatMul", since=10)
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
     """QLinearMatMul-10: exact integer product of the centered operands, rescaled once, rounded, saturated."""
-    acc = np.matmul(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    acc = _exact_product(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
     sa = np.asarray(a_scale, dtype=np.float64)
     sa = sa.reshape(-1, 1) if sa.ndim == 1 else sa  # a 1-D a_scale is per row
     y = acc * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))
