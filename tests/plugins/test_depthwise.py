@@ -248,3 +248,11 @@ def test_split_only_when_it_pays(n, c, size, parts):
     (choice,) = plan._choices.values()
     assert choice.parts == parts
     np.testing.assert_allclose(y, reference(x, w, win), rtol=1e-4, atol=1e-4)
+
+
+def test_numpy_settings_are_left_as_found():
+    """The short ufunc buffer the method runs with does not leak into the caller's numpy settings."""
+    before, errors = np.getbufsize(), np.geterr()
+    x, w, win, bias = random_case(9)
+    run(depthwise.plan(win), x, w, win, bias)
+    assert np.getbufsize() == before and np.geterr() == errors

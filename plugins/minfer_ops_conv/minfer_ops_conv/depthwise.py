@@ -62,6 +62,7 @@ MIN_LAST_CHANNELS = 32
 # each thread keeps its zero-bordered input buffers (one per geometry and block size) up to this much
 # (shufflenet batch 1: 5.3 MB, both layouts having been tried; the scratch stack and result add 2.6 MB)
 PADDED_BYTES = 32 << 20
+NUMPY2 = int(np.__version__.split(".")[0]) >= 2
 # MINFER_CONV_TUNE=0 (as for conv.py): no timing at the first run, the layout follows the plane size
 TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
 
@@ -264,8 +265,10 @@ class _Depthwise:
         def span(lo: int, hi: int) -> None:
             with np.errstate():
                 # numpy 2 copies strided operands whose rows are shorter than its ufunc buffer into that
-                # buffer (2-3x slower here): a buffer shorter than any row lets it read them in place
-                np.setbufsize(64)
+                # buffer (2-3x slower here): a buffer shorter than any row lets it read them in place.
+                # numpy 2 scopes the setting to this errstate block; numpy 1 would keep it for the thread
+                if NUMPY2:
+                    np.setbufsize(64)
                 for i, c0, c1 in units[lo:hi]:
                     b = None if bias_col is None else bias_col[c0:c1]
                     if first:
