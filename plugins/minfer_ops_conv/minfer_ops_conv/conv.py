@@ -166,7 +166,7 @@ def _padded(x: np.ndarray, w: geo.Window) -> np.ndarray:
     return xp
 
 
-# copies smaller than this are not worth handing to another thread (~15 us hand-over)
+# copies smaller than this are not worth handing to another thread (15-50 us hand-over)
 PARALLEL_COPY_BYTES = 256 << 10
 
 
