@@ -25,7 +25,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, add_const, const, has_kernel, is_op, per_channel, replace, shape_of, sole_consumer
+from ._util import FLOATS, add_const, const, has_kernel, is_op, per_channel, replace, shape_of, sole_consumer, used
 
 
 def _bn_params(graph: Graph, bn: Node) -> tuple[np.ndarray, ...] | None:
@@ -58,6 +58,10 @@ def _rebuild_conv(graph: Graph, conv: Node, last: Node, w: np.ndarray, b: np.nda
              add_const(graph, f"{conv.name or 'conv'}_B", b.astype(dtype))]
     fused = Node("Conv", [conv.inputs[0], *names], last.outputs, dict(conv.attrs), conv.name, "")
     replace(graph, [conv, last], fused)
+    # drop the replaced weights now, not at the dead-code pass: else every folded conv holds two copies
+    for name in conv.inputs[1:]:
+        if name in graph.initializers and not used(graph, name):
+            graph.remove_initializer(name)
 
 
 def conv_bn_fusion(graph: Graph) -> bool:
