@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper
+from onnx import helper
 
 from minfer_core import KernelContext, TensorType
 from minfer_core.parallel import using_threads

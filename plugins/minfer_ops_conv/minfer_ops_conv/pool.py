@@ -128,11 +128,12 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         lo = min(rows, max(0, -(-(ah.before - p) // sh)))
         hi = max(lo, min(rows, -(-(ah.before + ah.keep - p) // sh)))
         start = p + lo * sh - ah.before + ah.crop
-        copies.append(((slice(None), slice(lo, hi), cols), (slice(None), slice(start, start + (hi - lo - 1) * sh + 1, sh), src_cols)) if hi > lo else None)
-        regions = [(slice(0, lo),), (slice(hi, rows),)]
+        rows_in = slice(start, start + (hi - lo - 1) * sh + 1, sh)
+        copies.append(((slice(None), slice(lo, hi), cols), (slice(None), rows_in, src_cols)) if hi > lo else None)
+        regions: list[tuple[slice, ...]] = [(slice(0, lo),), (slice(hi, rows),)]
         if hi > lo:
             regions += [(slice(lo, hi), slice(0, cols.start)), (slice(lo, hi), slice(cols.stop, width))]
-        fills.append([(slice(None),) + r for r in regions if all(x.stop > x.start for x in r)])
+        fills.append([(slice(None),) + r for r in regions if all(d.stop > d.start for d in r)])
     shifts = [t * w.dilations[1] for t in range(w.kernel[1])]
     pick = (slice(None), slice(0, out_h), slice(0, (out_w - 1) * sw + 1, sw))
 
@@ -258,18 +259,22 @@ def _whole(op) -> Reducer:
     return reduce
 
 
+def _reducer(w: geo.Window, op, fill) -> tuple[Reducer, int]:
+    """The fastest reducer for this window, and its scratch size per plane."""
+    if all(w.in_shape) and geo.covers_input(w):
+        return _whole(op), 0
+    if len(w.in_shape) != 2:
+        return _separable(w, op, fill)
+    if w.strides == (1, 1) and w.out_shape == w.in_shape and min(w.begin + w.end) >= 0:
+        return _same(w, op, fill)
+    if w.kernel == w.strides and w.dilations == (1, 1) and not any(w.begin) and max(w.end) <= 0:
+        return _blocks(w, op)
+    return _phased(w, op, fill)
+
+
 def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
     """The run callable of one pool at one input shape: reduce chunks of planes, then ``finish`` each chunk."""
-    if all(w.in_shape) and geo.covers_input(w):
-        reduce, scratch = _whole(op), 0
-    elif len(w.in_shape) == 2 and w.strides == (1, 1) and w.out_shape == w.in_shape and min(w.begin + w.end) >= 0:
-        reduce, scratch = _same(w, op, fill)
-    elif len(w.in_shape) == 2 and w.kernel == w.strides and w.dilations == (1, 1) and not any(w.begin) and max(w.end) <= 0:
-        reduce, scratch = _blocks(w, op)
-    elif len(w.in_shape) == 2:
-        reduce, scratch = _phased(w, op, fill)
-    else:
-        reduce, scratch = _separable(w, op, fill)
+    reduce, scratch = _reducer(w, op, fill)
     per_chunk = max(1, _CHUNK_BYTES // ((math.prod(w.in_shape) + scratch) * dtype.itemsize))
 
     def run(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
