@@ -168,6 +168,19 @@ def test_tiling_pools(kernel, spatial):
     np.testing.assert_allclose(got, reference_pool(x, attrs, "avg"), rtol=1e-5, atol=1e-6)
 
 
+def test_scratch_of_huge_planes_is_not_kept(monkeypatch):
+    """A plane too large for a chunk gets scratch for that call only; chunk-sized scratch is reused."""
+    monkeypatch.setattr(pool, "_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(pool, "_local", type(pool._local)())
+    x = np.random.default_rng(5).standard_normal((1, 2, 40, 40)).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    np.testing.assert_array_equal(make_kernel("MaxPool", 12, x, attrs)(x), reference_pool(x, attrs, "max"))
+    assert getattr(pool._local, "buf", None) is None
+    small = x[:, :, :8, :8].copy()
+    np.testing.assert_array_equal(make_kernel("MaxPool", 12, small, attrs)(small), reference_pool(small, attrs, "max"))
+    assert pool._local.buf.nbytes <= 2 * 4096
+
+
 @pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int8, np.uint8])
 def test_max_pool_keeps_other_dtypes(dtype):
     """MaxPool on float16, float64 and 8-bit integers pads with the dtype's lowest value and keeps the dtype."""

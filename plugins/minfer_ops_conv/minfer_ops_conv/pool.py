@@ -97,7 +97,9 @@ def _scratch(dtype: np.dtype, sizes: list[int]) -> list[np.ndarray]:
     """Flat arrays of ``sizes`` elements carved from this thread's scratch (reused by every pool it runs)."""
     spans = [-(-n * dtype.itemsize // 64) * 64 for n in sizes]  # cache-line aligned
     buf = getattr(_local, "buf", None)
-    if buf is None or buf.nbytes < sum(spans):
+    if sum(spans) > 2 * _CHUNK_BYTES:  # planes too large to chunk (megapixel images): not kept for later
+        buf = np.empty(sum(spans), dtype=np.uint8)
+    elif buf is None or buf.nbytes < sum(spans):
         buf = _local.buf = np.empty(sum(spans), dtype=np.uint8)
     out, off = [], 0
     for n, span in zip(sizes, spans):
