@@ -290,7 +290,7 @@ def run_benchmark(
         "summary": summarize(rows, batches),
         "loop_overhead": loop,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-        "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_blas_threads": minfer_threads or threads},
+        "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_threads": minfer_threads or threads},
     }
 
 
