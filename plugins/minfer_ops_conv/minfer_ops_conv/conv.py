@@ -13,7 +13,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import _geometry as geo
 from . import depthwise, winograd
-from .tiles import Epilogue, Tile, cut, run_tiles, scratch
+from .tiles import Epilogue, Tile, cut, finish, run_tiles, scratch
 
 
 @attrs.define(eq=False)
@@ -66,16 +66,6 @@ Plan = Callable[[np.ndarray, Packed, np.ndarray, "np.ndarray | None", "Epilogue 
 (N, M, *out) C-contiguous array, and calls ``epilogue(y, region)`` on each finished tile (see tiles.py)."""
 
 
-def _finish(y: np.ndarray, tile: Tile, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
-    """Bias (an (M, 1, ..., 1) column) and then the fused op's epilogue, on one finished tile."""
-    region = tile.region
-    if bias is not None:
-        part = y[region]
-        part += bias[tile.m0 : tile.m1]
-    if epilogue is not None:
-        epilogue(y, region)
-
-
 def _gemm_into(p: Packed, cols: np.ndarray, dst: np.ndarray, m0: int = 0, m1: int | None = None) -> None:
     """W[m0:m1] @ cols for one image, per group: (G, Mg, K) @ (G, K, P) into dst (G, Mg, P).
 
@@ -120,7 +110,7 @@ def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
         def tile(t: Tile) -> None:
             src = cols[t.image, :, :, t.r0 : t.r1].reshape(g, c // g, -1)
             _gemm_into(p, src, _out_rows(y, t.image, t, g, row_len), t.m0, t.m1)
-            _finish(y, t, bias, epilogue)
+            finish(y, t, bias, epilogue)
 
         run_tiles(cache[key], tile)
 
@@ -197,7 +187,7 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
             np.copyto(cols.reshape(view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest].shape),
                       view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest])
             _gemm_into(p, cols, _out_rows(y, t.image, t, g, row_len), t.m0, t.m1)
-            _finish(y, t, bias, epilogue)
+            finish(y, t, bias, epilogue)
 
         run_tiles(cache[key], tile)
 

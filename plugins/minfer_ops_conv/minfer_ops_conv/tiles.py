@@ -79,6 +79,16 @@ def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, ma
             for i in range(n) for m0, m1 in zip(m_bounds, m_bounds[1:]) for r0 in range(0, rows, step)]
 
 
+def finish(y: np.ndarray, tile: Tile, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
+    """Bias (an (M, 1, ..., 1) column) and then the fused op's epilogue, on one finished tile of y."""
+    region = tile.region
+    if bias is not None:
+        part = y[region]
+        part += bias[tile.m0 : tile.m1]
+    if epilogue is not None:
+        epilogue(y, region)
+
+
 def run_tiles(tiles: list[Tile], fn: Callable[[Tile], None]) -> None:
     """``fn(tile)`` for every tile, over the session's intra-op threads (each tile taken by whoever is free)."""
     if len(tiles) == 1:

@@ -17,7 +17,7 @@ import numpy as np
 
 from . import _geometry as geo
 from . import tiles
-from .tiles import Tile, cut, run_tiles
+from .tiles import Tile, cut, finish, run_tiles
 
 # (B^T, G, A^T) per output tile size m (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks")
 _MATRICES = {
@@ -164,18 +164,9 @@ def plan(w: geo.Window, budget: int | None = None):
                 np.matmul(u[j, t.m0 : t.m1], v[j], out=prod[j])
             target = y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1].transpose(1, 0, 2, 3)
             _output_transform(prod, target, t1 - t0, tw)
-            _finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
+            finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
 
         run_tiles(cache[key], band)
 
     run.winograd = True  # type: ignore[attr-defined]  (the conv drops Winograd weights no chosen plan uses)
     return run
-
-
-def _finish(y: np.ndarray, t: Tile, bias, epilogue) -> None:
-    region = t.region
-    if bias is not None:
-        part = y[region]
-        part += bias[t.m0 : t.m1]
-    if epilogue is not None:
-        epilogue(y, region)

@@ -123,6 +123,15 @@ ARITY = {"Conv": 3, "Gemm": 3, "MatMul": 2}
 PACKED = {"Conv": (1, 2), "Gemm": (1, 2), "MatMul": (1,)}
 
 
+def _split(inputs: tuple[np.ndarray | None, ...], arity: int, held: dict[int, np.ndarray]) -> tuple[list[Any], Any]:
+    """The base op's arguments (with the held constants in place) and the residual Z (or None)."""
+    args = list(inputs[:arity])
+    for i, value in held.items():
+        if i < len(args):
+            args[i] = value
+    return args, inputs[arity] if len(inputs) > arity else None
+
+
 def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarray],
                    act: Callable[..., Any] | None, params: list[float]) -> Callable[..., Any]:
     """The fused run for a base kernel that takes ``epilogue=``: residual and activation per finished tile.
@@ -132,11 +141,7 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
     """
 
     def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
-        args = list(inputs[:arity])
-        z = inputs[arity] if len(inputs) > arity else None
-        for i, value in held.items():
-            if i < len(args):
-                args[i] = value
+        args, z = _split(inputs, arity, held)
         if z is None and act is None:
             return fn(*args, out=out)
 
@@ -176,11 +181,7 @@ def _fused(base: str) -> Callable[..., Any]:
             return _with_epilogue(fn, arity, held, act, params)
 
         def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
-            args = list(inputs[:arity])
-            z = inputs[arity] if len(inputs) > arity else None
-            for i, value in held.items():
-                if i < len(args):
-                    args[i] = value
+            args, z = _split(inputs, arity, held)
             y = fn(*args, out=out) if writes_out else fn(*args)
             if out is not None:
                 if y is not out:
