@@ -145,6 +145,17 @@ _pools: dict[int, ThreadPool] = {}
 _pools_lock = threading.Lock()
 
 
+def _forget_pools_after_fork() -> None:
+    """A forked child has none of its parent's worker threads: it makes its own pools on first use."""
+    global _pools_lock
+    _pools.clear()
+    _pools_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pools_after_fork)
+
+
 def get_pool(threads: int) -> ThreadPool:
     """The process-wide pool with ``threads`` threads (made on first use, shared by sessions)."""
     with _pools_lock:

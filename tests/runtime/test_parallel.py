@@ -115,3 +115,32 @@ def test_session_runs_kernels_with_its_thread_count():
             (y,) = sess.run(None, {"x": np.zeros(2, np.float32)})
             np.testing.assert_array_equal(y, np.ones(2, np.float32))
     assert seen[-1] == 2 and 1 in seen
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_forked_child_gets_its_own_workers():
+    """After fork the child has none of the parent's worker threads: its parallel_for must not wait for them."""
+    import os
+    import time
+
+    with using_threads(2):
+        parallel_for(2, lambda lo, hi: None)  # the parent's pool exists and has run
+    pid = os.fork()
+    if pid == 0:  # child: would hang forever on the parent's (absent) workers
+        try:
+            done: list[int] = []
+            with using_threads(2):
+                parallel_for(4, lambda lo, hi: done.extend(range(lo, hi)))
+            os._exit(0 if sorted(done) == [0, 1, 2, 3] else 1)
+        finally:
+            os._exit(2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung in parallel_for")
