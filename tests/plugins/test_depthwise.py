@@ -218,6 +218,19 @@ def test_layout_choice_is_kept_per_thread_count(monkeypatch):
     assert len(plan._choices) == 2
 
 
+def test_tuning_keeps_only_the_chosen_layouts_buffers(monkeypatch):
+    """After timing both layouts, the loser's zero-bordered buffers for this geometry are dropped."""
+    monkeypatch.setattr(depthwise, "TUNE", True)
+    rng = np.random.default_rng(11)
+    win = geo.window((20, 20), (3, 3), pads=(1, 1, 1, 1), clamp_same=True)
+    x, w = rng.standard_normal((1, 24, 20, 20)), rng.standard_normal((24, 1, 3, 3))
+    plan = depthwise.plan(win)
+    np.testing.assert_allclose(run(plan, x, w, win), reference(x, w, win), rtol=1e-4, atol=1e-4)
+    (choice,) = plan._choices.values()
+    layouts = {k[0] for pool in depthwise._all_padded for k in pool if k[3:] == plan._key}
+    assert layouts == {choice.layout}
+
+
 @pytest.mark.parametrize("layout", ["first", "last"])
 @pytest.mark.parametrize("seed", range(0, 40, 3))
 def test_random_cases_split_over_two_threads(seed, layout, monkeypatch):
