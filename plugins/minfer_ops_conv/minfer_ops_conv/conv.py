@@ -79,10 +79,13 @@ def _gemm_into(p: Packed, cols: np.ndarray, dst: np.ndarray, m0: int = 0, m1: in
 
 
 def _out_rows(y: np.ndarray, i: int, t: Tile, group: int, row_len: int) -> np.ndarray:
-    """Tile t of image i's output as a (G, Mg, rows * row_len) view (rows of one image are contiguous)."""
+    """Tile t of image i's output as a (G, Mg, rows * row_len) view (rows of one image are contiguous).
+
+    Grouped convs' tiles always cover every channel; single-group tiles may cover a channel range.
+    """
     yi = y[i].reshape(group, y.shape[1] // group, -1)
-    return yi[:, t.m0 // group if group > 1 else t.m0 : (t.m1 // group if group > 1 else t.m1),
-              t.r0 * row_len : t.r1 * row_len]
+    channels = slice(None) if group > 1 else slice(t.m0, t.m1)
+    return yi[:, channels, t.r0 * row_len : t.r1 * row_len]
 
 
 def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
@@ -182,10 +185,9 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
         view = geo.im2col_view(_padded(x, w), w)
 
         def tile(t: Tile) -> None:
-            span = (t.r1 - t.r0) * row_len
-            cols = scratch("im2col", (g, k, span), x.dtype)
-            np.copyto(cols.reshape(view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest].shape),
-                      view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest])
+            slab = view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest]
+            cols = scratch("im2col", (g, k, (t.r1 - t.r0) * row_len), x.dtype)
+            np.copyto(cols.reshape(slab.shape), slab)
             _gemm_into(p, cols, _out_rows(y, t.image, t, g, row_len), t.m0, t.m1)
             finish(y, t, bias, epilogue)
 
