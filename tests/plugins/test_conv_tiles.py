@@ -167,3 +167,40 @@ def test_winograd_weights_are_held_only_while_a_chosen_method_uses_them(monkeypa
     y = run(x, None)
     np.testing.assert_allclose(y, _reference(x, w, np.zeros(64), [1, 1, 1, 1], [1, 1]), rtol=1e-4, atol=1e-4)
     assert packs[0].has_winograd_weights is kept
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("xs,ws,group,pads,strides", [
+    ((1, 24, 14, 13), (24, 6, 1, 1), 4, [0, 0, 0, 0], [1, 1]),    # shufflenet-like 1x1 group 4
+    ((3, 12, 9, 8), (18, 4, 1, 1), 3, [0, 0, 0, 0], [2, 1]),      # strided, batch 3
+    ((1, 16, 11, 10), (8, 8, 3, 3), 2, [1, 1, 1, 1], [1, 1]),     # grouped 3x3 (im2col)
+    ((2, 12, 7, 9), (12, 4, 3, 3), 3, [0, 1, 1, 0], [2, 2]),
+])
+def test_grouped_convs_split_by_group(monkeypatch, threads, xs, ws, group, pads, strides):
+    """Grouped convs share whole groups out between threads: conv + bias, the epilogue once per element."""
+    monkeypatch.setattr(conv, "MIN_GROUP_SPLIT_MACS", 1)
+    rng = np.random.default_rng(sum(xs) + group)
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    cg, mg = xs[1] // group, ws[0] // group
+    want = np.concatenate([_reference(x[:, k * cg : (k + 1) * cg], w[k * mg : (k + 1) * mg], b[k * mg : (k + 1) * mg],
+                                      pads, strides) for k in range(group)], axis=1)
+    win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
+    p = conv.pack(w, group, build_time=True)
+    for plan in conv.candidates(win, p, xs[1]):
+        y = np.full(want.shape, np.nan, dtype=np.float32)
+        seen = np.zeros(want.shape, dtype=int)
+        lock = threading.Lock()
+
+        def epilogue(out, region):
+            with lock:
+                seen[region] += 1
+
+        with using_threads(threads):
+            plan(x, p, y, conv._bias_column(b, 2, np.float32), epilogue)
+        assert (seen == 1).all()
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    if threads == 2:
+        tiles = conv._grouped_tiles(xs[0], p, want.shape[2], 10**9)
+        assert len({(t.m0, t.m1) for t in tiles}) == min(group, 2 if xs[0] == 1 else 1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from typing import Callable
@@ -13,7 +14,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import _geometry as geo
 from . import depthwise, winograd
-from .tiles import Epilogue, Tile, cut, finish, run_tiles, scratch
+from .tiles import SPLIT, Epilogue, Tile, cut, finish, run_tiles, scratch
 
 
 @attrs.define(eq=False)
@@ -66,26 +67,45 @@ Plan = Callable[[np.ndarray, Packed, np.ndarray, "np.ndarray | None", "Epilogue 
 (N, M, *out) C-contiguous array, and calls ``epilogue(y, region)`` on each finished tile (see tiles.py)."""
 
 
-def _gemm_into(p: Packed, cols: np.ndarray, dst: np.ndarray, m0: int = 0, m1: int | None = None) -> None:
-    """W[m0:m1] @ cols for one image, per group: (G, Mg, K) @ (G, K, P) into dst (G, Mg, P).
+def _groups(p: Packed, t: Tile) -> slice:
+    """The groups tile t covers (grouped convs' tiles cover whole groups)."""
+    mg = p.out_channels // p.group
+    return slice(t.m0 // mg, t.m1 // mg)
 
-    Plain 2-D matmuls when there is one group: numpy's stacked matmul can miss the BLAS fast path.
-    A channel range (m0, m1) is only asked of single-group convs.
+
+def _gemm_into(p: Packed, cols: np.ndarray, dst: np.ndarray, t: Tile) -> None:
+    """W @ cols for tile t of one image, per group: (G', Mg, K) @ (G', K, P) into dst (G', Mg, P).
+
+    Plain 2-D matmuls when there is one group (numpy's stacked matmul can miss the BLAS fast path);
+    then the tile may cover a range of output channels, else a range of whole groups.
     """
     if p.group == 1:
-        np.matmul(p.matrix[0, m0:m1], cols[0], out=dst[0])
+        np.matmul(p.matrix[0, t.m0 : t.m1], cols[0], out=dst[0])
     else:
-        np.matmul(p.matrix, cols, out=dst)
+        np.matmul(p.matrix[_groups(p, t)], cols, out=dst)
 
 
-def _out_rows(y: np.ndarray, i: int, t: Tile, group: int, row_len: int) -> np.ndarray:
-    """Tile t of image i's output as a (G, Mg, rows * row_len) view (rows of one image are contiguous).
+def _out_rows(y: np.ndarray, p: Packed, t: Tile, row_len: int) -> np.ndarray:
+    """Tile t's output as a (G', Mg, rows * row_len) view (rows of one image are contiguous)."""
+    g = p.group
+    yi = y[t.image].reshape(g, y.shape[1] // g, -1)
+    rows = slice(t.r0 * row_len, t.r1 * row_len)
+    return yi[:, t.m0 : t.m1, rows] if g == 1 else yi[_groups(p, t), :, rows]
 
-    Grouped convs' tiles always cover every channel; single-group tiles may cover a channel range.
-    """
-    yi = y[i].reshape(group, y.shape[1] // group, -1)
-    channels = slice(None) if group > 1 else slice(t.m0, t.m1)
-    return yi[:, channels, t.r0 * row_len : t.r1 * row_len]
+
+# grouped convs share whole groups out between the threads from this many multiply-adds. Measured on
+# shufflenet b1 (in-process A/B, 2 threads): splitting its 1x1 group-4 layers (3.6-9.8M MACs) from 1M
+# on was 8% slower over the model, from 5M on level: their GEMMs are too small to pay the ~50 us
+# hand-over. Large grouped convs (ResNeXt's 3x3, ~100M MACs) are what this is for.
+MIN_GROUP_SPLIT_MACS = 8_000_000
+
+
+def _grouped_tiles(n: int, p: Packed, rows: int, macs: int) -> list[Tile]:
+    """Tiles of whole groups (all rows) for a grouped conv: one per image, or the groups split per thread."""
+    g, mg = p.group, p.out_channels // p.group
+    parts = min(g, math.ceil(SPLIT / n)) if macs >= MIN_GROUP_SPLIT_MACS else 1
+    bounds = [g * k // parts for k in range(parts + 1)]
+    return [Tile(i, g0 * mg, g1 * mg, 0, rows) for i in range(n) for g0, g1 in zip(bounds, bounds[1:])]
 
 
 def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
@@ -102,17 +122,15 @@ def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
         m, g = p.out_channels, p.group
         key = (n, c, m)
         if key not in cache:
-            # grouped convs are not split by channel: the tiler only splits rows when m is one group
-            cache[key] = cut(n, m if g == 1 else 1, rows, row_len, (c + m) * row_len * x.itemsize, budget,
-                             n * m * c // g * rows * row_len)
-            if g > 1:
-                cache[key] = [t._replace(m1=m) for t in cache[key]]
+            macs = n * m * c // g * rows * row_len
+            cache[key] = (cut(n, m, rows, row_len, (c + m) * row_len * x.itemsize, budget, macs) if g == 1
+                          else _grouped_tiles(n, p, rows, macs))
         xs = x[sub] if strided else x
         cols = xs.reshape(n, g, c // g, rows, row_len)
 
         def tile(t: Tile) -> None:
-            src = cols[t.image, :, :, t.r0 : t.r1].reshape(g, c // g, -1)
-            _gemm_into(p, src, _out_rows(y, t.image, t, g, row_len), t.m0, t.m1)
+            src = cols[t.image, _groups(p, t) if g > 1 else slice(None), :, t.r0 : t.r1]
+            _gemm_into(p, src.reshape(src.shape[0], c // g, -1), _out_rows(y, p, t, row_len), t)
             finish(y, t, bias, epilogue)
 
         run_tiles(cache[key], tile)
@@ -179,16 +197,18 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
         g, mg, k = p.matrix.shape
         key = (n, g, k)
         if key not in cache:
-            tiles = cut(n, mg * g if g == 1 else 1, rows, row_len, g * (k + mg) * row_len * x.itemsize, budget,
-                        n * g * mg * k * rows * row_len)
-            cache[key] = [t._replace(m1=g * mg) for t in tiles] if g > 1 else tiles
+            macs = n * g * mg * k * rows * row_len
+            cache[key] = (cut(n, mg, rows, row_len, (k + mg) * row_len * x.itemsize, budget, macs) if g == 1
+                          else _grouped_tiles(n, p, rows, macs))
         view = geo.im2col_view(_padded(x, w), w)
+        per_group = x.shape[1] // g
 
         def tile(t: Tile) -> None:
-            slab = view[t.image][(Ellipsis, slice(t.r0, t.r1)) + rest]
-            cols = scratch("im2col", (g, k, (t.r1 - t.r0) * row_len), x.dtype)
+            channels = slice(None) if g == 1 else slice(t.m0 // mg * per_group, t.m1 // mg * per_group)
+            slab = view[t.image][(channels, Ellipsis, slice(t.r0, t.r1)) + rest]
+            cols = scratch("im2col", (slab.shape[0] // per_group, k, (t.r1 - t.r0) * row_len), x.dtype)
             np.copyto(cols.reshape(slab.shape), slab)
-            _gemm_into(p, cols, _out_rows(y, t.image, t, g, row_len), t.m0, t.m1)
+            _gemm_into(p, cols, _out_rows(y, p, t, row_len), t)
             finish(y, t, bias, epilogue)
 
         run_tiles(cache[key], tile)
