@@ -151,9 +151,9 @@ def test_constant_weights_are_held_once():
     held = [cell.cell_contents for cell in gemm_run.__closure__ if isinstance(cell.cell_contents, np.ndarray)]
     assert any(np.shares_memory(h, w) for h in held)
     assert not any(h.nbytes >= w.nbytes and not np.shares_memory(h, w) for h in held), "a copy of the weight"
-    np.testing.assert_allclose(gemm_run(a, None, None), a @ w.T + c, rtol=1e-5)
+    np.testing.assert_allclose(gemm_run(a, None, None), a @ w.T + c, rtol=1e-5, atol=1e-6)
     scaled = prepared(linalg.gemm, "Gemm", (None, w, None), transB=1, alpha=2.0)  # scaling needs its own array
-    np.testing.assert_allclose(scaled(a, None), 2 * a @ w.T, rtol=1e-5)
+    np.testing.assert_allclose(scaled(a, None), 2 * a @ w.T, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(w, w.copy())  # the original is never written
 
 
