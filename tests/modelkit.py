@@ -33,3 +33,22 @@ def ort_run(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.nda
     opts.log_severity_level = 3
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     return sess.run(None, feeds)
+
+
+def outputs_around(graph: Any, apply: Any) -> tuple[bool, list[np.ndarray], list[np.ndarray]]:
+    """Shape-infer ``graph``, apply the pass function ``apply`` to it in place and validate the result.
+
+    Returns (whether it changed the graph, outputs without the pass, outputs with it) on the same random feeds.
+    """
+    from minfer_core import InferenceSession
+    from minfer_core.testing import random_feeds
+    from minfer_passes.shapes import shape_inference
+
+    shape_inference(graph)
+    before = graph.copy()
+    changed = apply(graph)
+    graph.validate()
+    feeds = random_feeds(before)
+    want = InferenceSession(before, passes="none").run(None, feeds)
+    got = InferenceSession(graph.copy(), passes="none").run(None, feeds)
+    return changed, want, got

@@ -13,6 +13,7 @@ from minfer_core.parallel import using_threads
 from minfer_core.testing import GraphBuilder, random_feeds
 from minfer_passes import affine, portable
 from minfer_passes.shapes import shape_inference
+from modelkit import outputs_around
 
 RNG = np.random.default_rng(0)
 
@@ -45,13 +46,7 @@ def _graph(shape=(2, 3, 5, 4), act: str | None = "Relu", expose: str = "none", c
 
 def _fuse(g, exact: bool = False):
     """Apply the pass; check the outputs against the graph without it; return the op types after."""
-    shape_inference(g)
-    before = g.copy()
-    changed = affine.channel_affine_fusion(g)
-    g.validate()
-    feeds = random_feeds(before)
-    want = InferenceSession(before, passes="none").run(None, feeds)
-    got = InferenceSession(g.copy(), passes="none").run(None, feeds)
+    changed, want, got = outputs_around(g, affine.channel_affine_fusion)
     for a, w in zip(got, want):
         if exact:
             np.testing.assert_array_equal(a, w)

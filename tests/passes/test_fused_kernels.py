@@ -15,6 +15,7 @@ from minfer_core.cli_passes import STANDARD_DOMAINS, optimize_graph
 from minfer_core.testing import GraphBuilder, random_feeds
 from minfer_passes import portable, residual
 from minfer_passes.shapes import shape_inference
+from modelkit import outputs_around
 
 RNG = np.random.default_rng(0)
 
@@ -160,13 +161,7 @@ def _block(z_kind: str = "input", act: str | None = "Relu", op: str = "Add", exp
 
 
 def _fuse(g):
-    shape_inference(g)
-    before = g.copy()
-    changed = residual.conv_residual_fusion(g)
-    g.validate()
-    feeds = random_feeds(before)
-    want = InferenceSession(before, passes="none").run(None, feeds)
-    got = InferenceSession(g.copy(), passes="none").run(None, feeds)
+    changed, want, got = outputs_around(g, residual.conv_residual_fusion)
     for a, w in zip(got, want):
         np.testing.assert_allclose(a, w, rtol=1e-5, atol=1e-6)
     return changed, [(n.domain, n.op_type) for n in g.topological_order()]
