@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from minfer_core import Pass, hookimpl
 
-from . import activation, affine, algebra, elimination, fusion, folding, layout, ops, portable, residual, shapes
+from . import activation, affine, algebra, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from ._util import fixpoint
 
 
@@ -47,6 +47,10 @@ PASSES = [
     _pass(layout.global_conv_to_gemm, "all", requires=TYPED, before=("global_pool_flatten", "activation_fusion"),
           after=("affine_fusion",), rtol=1e-5, atol=1e-6),
     _pass(layout.global_pool_flatten, "all", requires=TYPED, rtol=1e-5, atol=1e-6),
+    # before the scalar passes, which would take its Div/Add/Mul by constants apart first
+    Pass("gelu_fusion", gelu.gelu_fusion, "extended", requires=TYPED, after=("constant_folding",),
+         before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(gelu.gelu_fusion.__doc__ or "").strip(), patterns=gelu.patterns),
     _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
           after=("affine_fusion", "matmul_add_to_gemm")),
     _pass(algebra.scalar_binary, "extended", requires=TYPED, after=("affine_fusion", "matmul_add_to_gemm")),
@@ -65,12 +69,12 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS, affine.KERNELS)
+    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS)
 
 
 @hookimpl

@@ -9,7 +9,8 @@ same outputs. Each fused node becomes the nodes it was made from:
   (Clip with min/max inputs from opset 11, attributes before it);
 - ``BinaryScalar`` -> Add/Sub/Mul/Div with a 0-d initializer;
 - ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers;
-- ``ChannelAffine`` -> BatchNormalization with mean 0, var 1, epsilon 0 (see `affine`), then the activation.
+- ``ChannelAffine`` -> BatchNormalization with mean 0, var 1, epsilon 0 (see `affine`), then the activation;
+- ``Gelu`` -> Div by sqrt 2, Erf, Add 1, Mul by X, Mul by 0.5 (see `gelu`).
 
 Exact: it is the reverse of the fusions, computing the same operations.
 """
@@ -22,6 +23,7 @@ from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, fresh, opset, replace
 from .affine import expand_channel_affine
+from .gelu import expand_gelu
 from .ops import ARITY, BASE_OPS
 
 
@@ -99,6 +101,7 @@ EXPANDERS = {
     "BinaryScalar": _expand_scalar,
     "WeightedSum": _expand_weighted_sum,
     "ChannelAffine": expand_channel_affine,
+    "Gelu": expand_gelu,
 }
 
 
