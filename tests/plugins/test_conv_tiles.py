@@ -85,13 +85,19 @@ CASES = [
     ((2, 16, 23, 19), (32, 16, 3, 3), [1, 1, 1, 1], [2, 2]),
     ((1, 3, 40, 40), (16, 3, 7, 7), [3, 3, 3, 3], [2, 2]),
     ((5, 32, 7, 9), (40, 32, 3, 3), [1, 1, 1, 1], [1, 1]),  # small maps: Winograd merges images per GEMM
+    ((2, 16, 15, 13), (48, 16, 1, 1), [0, 0, 0, 0], [2, 2]),  # strided pointwise: contiguous copy per tile
+    ((1, 40, 9, 11), (24, 40, 1, 1), [0, 0, 0, 0], [2, 1]),   # strided pointwise, more channels in than out
 ]
 
 
+@pytest.mark.parametrize("folded", [False, True])
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("xs,ws,pads,strides", CASES)
-def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads, strides):
-    """Each candidate (im2col, pointwise, Winograd, both tile sizes) = conv + bias, epilogue once per element."""
+def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads, strides, folded):
+    """Each candidate (im2col, pointwise, Winograd, both tile sizes) = conv + bias, epilogue once per element.
+
+    ``folded``: the bias was packed with the weights, so the methods that copy their operand add it in the GEMM.
+    """
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr("minfer_ops_conv.tiles.MIN_SPLIT_MACS", 1)  # split even these small convs
@@ -101,7 +107,8 @@ def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads,
     b = rng.standard_normal(ws[0]).astype(np.float32)
     want = _reference(x, w, b, pads, strides)
     win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
-    p = conv.pack(w, 1, build_time=True)
+    p = conv.pack(w, 1, build_time=True, bias=b if folded else None)
+    assert (p.biased is not None) is folded and np.array_equal(p.matrix[0], w.reshape(ws[0], -1))
     plans = conv.candidates(win, p, xs[1])
     assert len(plans) >= 2
     lock = threading.Lock()

@@ -35,6 +35,9 @@ class Packed:
     depthwise: np.ndarray | None  # (C, prod(kernel)) when group == C == M
     constant: bool = False
     _winograd: np.ndarray | None = None
+    # (1, M, K + 1): the matrix with the model's bias as an extra column (``matrix`` is a view of it), so
+    # that a method which copies its GEMM operand anyway adds the bias in the GEMM through a row of ones
+    biased: np.ndarray | None = None
 
     def winograd_weights(self) -> np.ndarray:
         """(16, M, C): G g G^T per filter, made on first use."""
@@ -51,15 +54,27 @@ class Packed:
         self._winograd = None
 
 
-def pack(w: np.ndarray, group: int, build_time: bool = False) -> Packed:
-    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs."""
+def pack(w: np.ndarray, group: int, build_time: bool = False, bias: np.ndarray | None = None) -> Packed:
+    """Reshape W[M, C/G, *k] into per-group GEMM matrices, plus taps for depthwise convs.
+
+    ``bias``: the model's constant bias, held as the matrix's extra column (one group, not pointwise):
+    the im2col GEMM then adds it, which saves a pass over the output (3% of resnet50 at batch 1).
+    """
     m, cg = w.shape[:2]
     kernel = tuple(w.shape[2:])
-    matrix = np.ascontiguousarray(w.reshape(group, m // group, -1))
+    k = cg * math.prod(kernel)
+    biased = None
+    if bias is not None and group == 1 and build_time:
+        biased = np.empty((1, m, k + 1), dtype=w.dtype)
+        biased[0, :, :k] = w.reshape(m, k)
+        biased[0, :, k] = bias
+        matrix = biased[:, :, :k]
+    else:
+        matrix = np.ascontiguousarray(w.reshape(group, m // group, -1))
     depthwise = None
     if group > 1 and cg == 1 and m == group:
         depthwise = np.ascontiguousarray(w.reshape(m, -1))
-    return Packed(group, m, kernel, matrix, depthwise, constant=build_time)
+    return Packed(group, m, kernel, matrix, depthwise, constant=build_time, biased=biased)
 
 
 Plan = Callable[[np.ndarray, Packed, np.ndarray, "np.ndarray | None", "Epilogue | None"], None]
@@ -108,6 +123,11 @@ def _grouped_tiles(n: int, p: Packed, rows: int, macs: int) -> list[Tile]:
     return [Tile(i, g0 * mg, g1 * mg, 0, rows) for i in range(n) for g0, g1 in zip(bounds, bounds[1:])]
 
 
+# a pointwise conv copies its input tile to add the bias in the GEMM (a row of ones) when it has at most this
+# many input channels per output channel: the copy of C rows then costs less than the bias pass over M rows
+FOLD_CHANNELS = 1.0
+
+
 def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
     """1x1 kernel, no pad: the input is already the GEMM's right operand (strided when s > 1)."""
     budget = budget or TILE_BYTES
@@ -127,9 +147,21 @@ def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
                           else _grouped_tiles(n, p, rows, macs))
         xs = x[sub] if strided else x
         cols = xs.reshape(n, g, c // g, rows, row_len)
+        fold = bias is not None and p.biased is not None and (strided or c <= FOLD_CHANNELS * m)
 
         def tile(t: Tile) -> None:
             src = cols[t.image, _groups(p, t) if g > 1 else slice(None), :, t.r0 : t.r1]
+            if g == 1 and (fold or strided):
+                # a contiguous copy of the tile's input (a strided one would be copied by reshape anyway), with
+                # a row of ones under it when the bias rides in the GEMM
+                ops = scratch("pointwise", (c + fold, (t.r1 - t.r0) * row_len), x.dtype)
+                np.copyto(ops[:c].reshape(src.shape[1:]), src[0])
+                if fold:
+                    ops[c] = 1
+                weights = p.biased if fold else p.matrix
+                np.matmul(weights[0, t.m0 : t.m1], ops, out=_out_rows(y, p, t, row_len)[0])
+                finish(y, t, None if fold else bias, epilogue)
+                return
             _gemm_into(p, src.reshape(src.shape[0], c // g, -1), _out_rows(y, p, t, row_len), t)
             finish(y, t, bias, epilogue)
 
@@ -202,11 +234,21 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
                           else _grouped_tiles(n, p, rows, macs))
         view = geo.im2col_view(_padded(x, w), w)
         per_group = x.shape[1] // g
+        fold = bias is not None and p.biased is not None
 
         def tile(t: Tile) -> None:
             channels = slice(None) if g == 1 else slice(t.m0 // mg * per_group, t.m1 // mg * per_group)
             slab = view[t.image][(channels, Ellipsis, slice(t.r0, t.r1)) + rest]
-            cols = scratch("im2col", (slab.shape[0] // per_group, k, (t.r1 - t.r0) * row_len), x.dtype)
+            width = (t.r1 - t.r0) * row_len
+            if fold:
+                # the bias rides in the GEMM: a row of ones under the slab, the bias column beside W
+                cols = scratch("im2col", (k + 1, width), x.dtype)
+                np.copyto(cols[:k].reshape(slab.shape), slab)
+                cols[k] = 1
+                np.matmul(p.biased[0, t.m0 : t.m1], cols, out=_out_rows(y, p, t, row_len)[0])
+                finish(y, t, None, epilogue)
+                return
+            cols = scratch("im2col", (slab.shape[0] // per_group, k, width), x.dtype)
             np.copyto(cols.reshape(slab.shape), slab)
             _gemm_into(p, cols, _out_rows(y, p, t, row_len), t)
             finish(y, t, bias, epilogue)
@@ -293,9 +335,9 @@ def _bias_column(b: np.ndarray, rank: int, dtype: np.dtype) -> np.ndarray:
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22: N-D grouped convolution; weights pre-packed, method chosen per input shape."""
     consts = tuple(ctx.constants) + (None,) * 3
-    fixed = pack(consts[1], group, build_time=True) if consts[1] is not None else None
     # constants are kept here (packed=(1, 2)), so the engine may drop the initializers and pass None
     fixed_bias = consts[2]
+    fixed = pack(consts[1], group, build_time=True, bias=fixed_bias) if consts[1] is not None else None
     columns: dict[np.dtype, np.ndarray] = {}
     plans: dict[tuple[int, ...], tuple[Plan, tuple[int, ...]]] = {}
 
