@@ -133,18 +133,40 @@ def test_tuner_keeps_a_correct_method_per_thread_count(monkeypatch):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((1, 64, 20, 20)).astype(np.float32)
     w = (rng.standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
-    b = np.zeros(64, np.float32)
+    b = rng.standard_normal(64).astype(np.float32)
     win = conv.geo.window((20, 20), (3, 3), pads=[1, 1, 1, 1], clamp_same=True)
-    p = conv.pack(w, 1, build_time=True)
+    p = conv.pack(w, 1, build_time=True, bias=b)
     plan = conv.plan_for(win, p, 64)
     assert isinstance(plan, conv.Tuned)
     want = _reference(x, w, b, [1, 1, 1, 1], [1, 1])
     for threads in (1, 2, 1):
         y = np.empty(want.shape, np.float32)
         with using_threads(threads):
-            plan(x, p, y, None, None)
+            plan(x, p, y, conv._bias_column(b, 2, np.float32), None)  # tuning runs add the bias to their own result
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     assert set(plan.choice) == {1, 2} and all(c in plan.plans for c in plan.choice.values())
+
+
+def test_tuner_times_one_plan_per_distinct_tiling():
+    """Tile budgets that cut an input into the same tiles are one candidate; a batch they cut apart is two."""
+    p = conv.pack(np.ones((64, 64, 1, 1), np.float32), 1, build_time=True)
+    win = conv.geo.window((56, 56), (1, 1), clamp_same=True)
+    plans = conv.candidates(win, p, 64)
+    assert len(plans) == 2
+    assert conv._distinct(plans, np.empty((1, 64, 56, 56), np.float32), p) == plans[:1]
+    assert conv._distinct(plans, np.empty((8, 64, 56, 56), np.float32), p) == plans
+    calls = []
+
+    def counted(plan):
+        def run(*args):
+            calls.append(plan)
+            plan(*args)
+        run.tiling, run.__qualname__ = plan.tiling, plan.__qualname__
+        return run
+
+    wrapped = [counted(plan) for plan in plans]
+    x = np.zeros((1, 64, 56, 56), np.float32)
+    assert conv.Tuned(wrapped)._fastest(x, p, np.empty_like(x)) is wrapped[0] and calls == []  # nothing to time
 
 
 def test_tuning_off_takes_the_first_candidate(monkeypatch):
@@ -159,7 +181,7 @@ def test_tuning_off_takes_the_first_candidate(monkeypatch):
 def test_winograd_weights_are_held_only_while_a_chosen_method_uses_them(monkeypatch, winner, kept):
     """Tuning makes the Winograd weights; when im2col wins for every shape they are dropped again."""
     monkeypatch.setattr(conv, "TUNE", True)
-    monkeypatch.setattr(conv.Tuned, "_fastest", lambda self, x, p, y: (p.winograd_weights(), self.plans[winner])[1])
+    monkeypatch.setattr(conv.Tuned, "_fastest", lambda self, x, p, y, bias=None: (p.winograd_weights(), self.plans[winner])[1])
     packs: list[conv.Packed] = []
     real_pack = conv.pack
     monkeypatch.setattr(conv, "pack", lambda *a, **k: packs.append(real_pack(*a, **k)) or packs[-1])

@@ -137,14 +137,19 @@ def plan(w: geo.Window, budget: int | None = None):
     bh, bw = w.begin
     cache: dict[tuple[int, int, int], list[Tile]] = {}
 
-    def run(x: np.ndarray, p, y: np.ndarray, bias, epilogue) -> None:
-        n, c, h, wd = x.shape
-        u = p.winograd_weights()
-        m_out = u.shape[1]
+    def tiles_for(x: np.ndarray, p) -> list[Tile]:
+        n, c = x.shape[:2]
+        m_out = p.out_channels
         key = (n, c, m_out)
         if key not in cache:
             cache[key] = cut(n, m_out, th, tw, alpha * alpha * (c + m_out) * tw * x.itemsize, budget or BLOCK_BYTES,
                              n * m_out * c * th * tw * alpha * alpha, merge_columns=MERGE_TILES)
+        return cache[key]
+
+    def run(x: np.ndarray, p, y: np.ndarray, bias, epilogue) -> None:
+        n, c, h, wd = x.shape
+        u = p.winograd_weights()
+        bands = tiles_for(x, p)
 
         def band(t: Tile) -> None:
             t0, t1, k = t.r0, t.r1, t.images
@@ -166,7 +171,8 @@ def plan(w: geo.Window, budget: int | None = None):
             _output_transform(prod, target, t1 - t0, tw)
             finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
 
-        run_tiles(cache[key], band)
+        run_tiles(bands, band)
 
+    run.tiling = tiles_for  # type: ignore[attr-defined]
     run.winograd = True  # type: ignore[attr-defined]  (the conv drops Winograd weights no chosen plan uses)
     return run
