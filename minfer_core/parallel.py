@@ -23,7 +23,6 @@ import contextvars
 import ctypes
 import itertools
 import os
-import queue
 import threading
 from typing import Callable, Iterator
 
@@ -40,12 +39,76 @@ def _cpu_query() -> Callable[[], int] | None:
     return fn if fn() >= 0 else None
 
 
+def _spin_functions() -> tuple[Callable[..., int], ...] | None:
+    """libc's pthread_spin_init/lock/unlock through ctypes (which lets go of the GIL during the call), or None."""
+    try:
+        libc = ctypes.CDLL(None)
+        fns = libc.pthread_spin_init, libc.pthread_spin_lock, libc.pthread_spin_unlock
+    except (OSError, AttributeError):
+        return None
+    for fn in fns:
+        fn.restype = ctypes.c_int
+    fns[0].argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+    fns[1].argtypes = fns[2].argtypes = [ctypes.POINTER(ctypes.c_int)]
+    return fns
+
+
+_SPIN = _spin_functions()
+
+
+class _SpinSignal:
+    """A one-shot signal between two threads: ``wait`` spins in C (no GIL held, the CPU kept awake) until ``post``.
+
+    A pthread spin lock used as a binary semaphore: taken means "not posted".
+    At most one post may be outstanding (the pool's protocol guarantees it).
+    """
+
+    def __init__(self) -> None:
+        init, self._lock, self._unlock = _SPIN  # type: ignore[misc]
+        self._word = ctypes.c_int(0)
+        self._ptr = ctypes.pointer(self._word)
+        init(self._ptr, 0)
+        self._lock(self._ptr)
+
+    def post(self) -> None:
+        self._unlock(self._ptr)
+
+    def wait(self) -> None:
+        self._lock(self._ptr)
+
+
+class _SleepSignal:
+    """The same signal for systems without pthread spin locks: the waiter sleeps."""
+
+    def __init__(self) -> None:
+        self._sem = threading.Semaphore(0)
+
+    def post(self) -> None:
+        self._sem.release()
+
+    def wait(self) -> None:
+        self._sem.acquire()
+
+
+_PARK = object()  # the job that sends a worker to sleep until the pool is next used
+
+
 class ThreadPool:
     """``threads - 1`` daemon workers plus the calling thread; one `run` at a time (others run serially).
 
-    Workers block on a queue between calls (no spinning), so an idle pool
-    costs nothing; handing work over costs a few microseconds, which is why
-    kernels split only work of a few hundred microseconds or more.
+    The cost of handing work over decides which kernels may split, so while a
+    session run uses the pool (`using_threads`) its workers wait for work
+    spinning inside a C call (a pthread spin lock through ctypes, GIL
+    released), and the caller waits for them the same way; between runs
+    they sleep. Measured on this 2-vCPU VM (which halts an idle vCPU at once:
+    ``haltpoll.guest_halt_poll_ns=0``), a 2-way split of a numpy call cost
+    40-80 us more than half the serial call when both sides slept on a
+    queue (every hand-over woke a halted vCPU), 15-27 us when the waits
+    polled with sched_yield in Python (the GIL went back and forth), and
+    4-7 us with the spin in C. What remains is the GIL the worker needs to
+    start its Python part. While a run is on, an idle worker keeps its core
+    busy, as onnxruntime's and OpenBLAS's threads do; the engine's ``auto``
+    thread count uses one thread when other processes want the cores.
 
     Workers are kept off the CPU the calling thread is on. Without that,
     Linux often wakes a worker on its waker's CPU (cache affinity) and
@@ -59,16 +122,21 @@ class ThreadPool:
             raise ValueError(f"a pool needs at least one thread, not {threads}")
         self.threads = threads
         self._busy = threading.Lock()
-        self._inboxes: list[queue.SimpleQueue] = []
-        self._done: queue.SimpleQueue = queue.SimpleQueue()
+        helpers = threads - 1
+        signal = _SpinSignal if _SPIN is not None else _SleepSignal
+        self._go = [signal() for _ in range(helpers)]
+        self._done = [signal() for _ in range(helpers)]
+        self._jobs: list[object] = [None] * helpers
+        self._errors: list[BaseException | None] = [None] * helpers
+        self._wake = [threading.Semaphore(0) for _ in range(helpers)]
+        self._users = 0  # using_threads blocks in progress: the workers spin while there are any
+        self._users_lock = threading.Lock()
         self._tids: list[int] = []
         started = threading.Barrier(threads)
-        for i in range(threads - 1):
-            inbox: queue.SimpleQueue = queue.SimpleQueue()
-            worker = threading.Thread(target=self._work, args=(inbox, started), name=f"minfer-intra-op-{i + 1}",
+        for i in range(helpers):
+            worker = threading.Thread(target=self._work, args=(i, started), name=f"minfer-intra-op-{i + 1}",
                                       daemon=True)
             worker.start()
-            self._inboxes.append(inbox)
         if threads > 1:
             started.wait()
         self._where = _cpu_query()
@@ -93,17 +161,43 @@ class ThreadPool:
         except OSError:  # not allowed here (some containers): leave placement to the scheduler
             self._cpus = frozenset()
 
-    def _work(self, inbox: queue.SimpleQueue, started: threading.Barrier) -> None:
+    def _work(self, i: int, started: threading.Barrier) -> None:
         self._tids.append(threading.get_native_id())
         started.wait()
+        self._wake[i].acquire()  # asleep until the pool is first used
+        go, done = self._go[i], self._done[i]
         while True:
-            job = inbox.get()
-            error = None
+            go.wait()
+            job = self._jobs[i]
+            self._jobs[i] = None
+            if job is _PARK:
+                done.post()
+                self._wake[i].acquire()
+                continue
             try:
-                job()
+                job()  # type: ignore[operator]
             except BaseException as exc:  # handed to the caller, which re-raises it
-                error = exc
-            self._done.put(error)
+                self._errors[i] = exc
+            done.post()
+
+    def enter(self) -> None:
+        """A run starts using the pool: wake the workers (they spin for work until the last user leaves)."""
+        with self._users_lock:
+            self._users += 1
+            if self._users == 1:
+                for wake in self._wake:
+                    wake.release()
+
+    def leave(self) -> None:
+        """A run stops using the pool: the last one out sends the workers to sleep (and waits until they are)."""
+        with self._users_lock:
+            self._users -= 1
+            if self._users == 0:
+                for i, go in enumerate(self._go):
+                    self._jobs[i] = _PARK
+                    go.post()
+                for done in self._done:
+                    done.wait()
 
     def run(self, n: int, fn: Callable[[int, int], None], parts: int) -> None:
         """Call ``fn(lo, hi)`` over ``parts`` contiguous ranges covering [0, n), the ranges taken by whoever is free."""
@@ -111,6 +205,9 @@ class ThreadPool:
         if parts == 1 or self.threads == 1 or not self._busy.acquire(blocking=False):
             fn(0, n)
             return
+        entered = self._users == 0  # used outside a using_threads block: wake the workers for this call
+        if entered:
+            self.enter()
         try:
             if len(self._cpus) > 1:
                 self._place_workers()
@@ -124,20 +221,24 @@ class ThreadPool:
                         return
                     fn(bounds[k], bounds[k + 1])
 
-            helpers = self._inboxes[: parts - 1]
-            for inbox in helpers:
-                inbox.put(drain)
+            helpers = min(parts, self.threads) - 1
+            for i in range(helpers):
+                self._jobs[i] = drain
+                self._go[i].post()
             error: BaseException | None = None
             try:
                 drain()
             except BaseException as exc:
                 error = exc
-            for _ in helpers:
-                failed = self._done.get()
+            for i in range(helpers):
+                self._done[i].wait()
+                failed, self._errors[i] = self._errors[i], None
                 error = error or failed
             if error is not None:
                 raise error
         finally:
+            if entered:
+                self.leave()
             self._busy.release()
 
 
@@ -168,11 +269,16 @@ def get_pool(threads: int) -> ThreadPool:
 @contextlib.contextmanager
 def using_threads(threads: int) -> Iterator[None]:
     """Within the block, `parallel_for` in this thread spreads work over ``threads`` threads."""
-    token = _POOL.set(get_pool(threads) if threads > 1 else None)
+    pool = get_pool(threads) if threads > 1 else None
+    if pool is not None:
+        pool.enter()
+    token = _POOL.set(pool)
     try:
         yield
     finally:
         _POOL.reset(token)
+        if pool is not None:
+            pool.leave()
 
 
 def intra_op_threads() -> int:

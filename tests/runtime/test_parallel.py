@@ -80,6 +80,44 @@ def test_nested_parallel_for_runs_serially_in_workers():
     assert sorted(inner) == [0, 0, 1, 1, 2, 2]
 
 
+def _cpu_seconds_while_idle(seconds: float) -> float:
+    import resource
+    import time
+
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    time.sleep(seconds)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def test_workers_spin_only_while_a_run_uses_the_pool():
+    """Inside a using_threads block an idle worker spins (a core busy); after it, the workers sleep."""
+    from minfer_core import parallel
+
+    if parallel._SPIN is None:
+        pytest.skip("no pthread spin locks here: workers sleep between parts, nothing spins")
+    with using_threads(2):
+        _cover(4)
+        busy = _cpu_seconds_while_idle(0.2)
+    idle = _cpu_seconds_while_idle(0.2)
+    assert busy > 0.1, busy  # the worker kept spinning for work while the caller slept
+    assert idle < 0.05, idle
+
+
+def test_pool_used_directly_wakes_and_parks_its_workers():
+    pool = ThreadPool(3)
+    seen: list[tuple[int, int]] = []
+    lock = threading.Lock()
+
+    def fn(lo: int, hi: int) -> None:
+        with lock:
+            seen.append((lo, hi))
+
+    pool.run(9, fn, parts=3)
+    assert sorted(seen) == [(0, 3), (3, 6), (6, 9)]
+    assert _cpu_seconds_while_idle(0.2) < 0.05
+
+
 def test_pool_needs_a_thread():
     with pytest.raises(ValueError):
         ThreadPool(0)
