@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import threading
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -23,8 +24,9 @@ from .memory import align
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
-from .runloop import StepFailure, execute, execute_observed, execute_watching
-from .parallel import using_threads
+from .runloop import StepFailure, execute, execute_observed, execute_staged, execute_timed, execute_watching
+from .parallel import get_pool, using_threads
+from .stages import SEQUENTIAL_RUNS, Calibration, Item, Stage, choose, compose, producers
 from .threads import AutoThreads, set_blas_threads
 from .plugins import Registry, active_registry, get_registry, provider_hint
 from .tensor import TensorType
@@ -51,6 +53,7 @@ def _node_arg(name: str, t: TensorType | None) -> NodeArg:
 
 
 MAX_PLANS = 64  # input-shape signatures whose plans stay cached
+INTER_OP = ("auto", "always", "never")
 
 
 class Engine:
@@ -66,6 +69,13 @@ class Engine:
     returned by `run` never live in the arena, so no later run overwrites them.
     Runs from several threads are safe: one at a time uses the arena, the
     others run with fresh memory rather than wait.
+
+    With two threads or more, independent branches of the graph may run at
+    the same time, one per thread (``inter_op``, stages.py): ``"auto"``
+    times the next runs of each new input shape and keeps the concurrent
+    stages that pay; ``"always"`` runs every run of independent steps
+    concurrently; ``"never"`` keeps the sequential loop. The default comes
+    from ``MINFER_INTER_OP`` (else ``"auto"``). Outputs do not depend on it.
     """
 
     def __init__(
@@ -77,8 +87,12 @@ class Engine:
         registry: Registry | None = None,
         provider: str = DEFAULT_PROVIDER,
         threads: int | str | None = "auto",
+        inter_op: str | None = None,
     ) -> None:
         self.registry = registry or get_registry()
+        self.inter_op = inter_op or os.environ.get("MINFER_INTER_OP", "auto")
+        if self.inter_op not in INTER_OP:
+            raise ValueError(f"inter_op must be one of {INTER_OP}, not {self.inter_op!r}")
         # intra-op threads during run(): a count, "auto" (all cores unless other processes keep one busy:
         # see threads.AutoThreads), or None to run kernels serially and leave numpy's BLAS setting alone.
         # Kernels split their work over these threads (parallel.py); BLAS then runs one thread per call.
@@ -146,6 +160,12 @@ class Engine:
         self._plans: dict[Signature, Plan] = {}
         self._types: dict[Signature, dict[str, TensorType]] = {}
         self._bound: dict[Signature, list[Step]] = {}
+        self._deps = producers([sp.ins for sp in self.specs], [sp.outs for sp in self.specs])
+        self._branchy = _branchy(self._deps)
+        self._stages: dict[Signature, tuple[list[Stage], list[float] | None]] = {}  # stages, branch costs
+        self._staged: dict[Signature, tuple[list[Item], list[int]]] = {}  # the staged loop (stages.compose)
+        self._pending: dict[Signature, PlanInput] = {}  # signatures still timing their stages: how to re-plan
+        self._calibrations: dict[Signature, Calibration] = {}
         self._arena = np.empty(0, dtype=np.uint8)
         self._arena_lock = threading.Lock()
         self._last: Signature | None = None
@@ -208,18 +228,18 @@ class Engine:
         previous = set_blas_threads(1) if want else None
         try:
             with using_threads(want or 1):
-                return self._run_threaded(names, feeds, intermediate, observers, vals, sig)
+                return self._run_threaded(names, feeds, intermediate, observers, vals, sig, want or 1)
         finally:
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
     def _run_threaded(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any],
-                      vals: list[Any], sig: Signature) -> Any:
+                      vals: list[Any], sig: Signature, threads: int) -> Any:
         if intermediate:
             self._execute(vals, self._unfreed, observers)
             outputs = [self._owned(vals, self.slots[n], feeds) for n in names]
             return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
-        self._run_signature(sig, vals, observers)
+        self._run_signature(sig, vals, observers, threads)
         return [self._owned(vals, self.slots[n], feeds) for n in names]
 
     def _alias_sources(self, order: list[Node], kernels: list[Kernel]) -> dict[int, tuple[int, ...]]:
@@ -253,7 +273,7 @@ class Engine:
                 return np.array(value, copy=True)
         return value
 
-    def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any]) -> None:
+    def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any], threads: int) -> None:
         if not self._arena_lock.acquire(blocking=False):
             # another thread is running through the arena: this run takes fresh memory instead of waiting
             self._execute(vals, self.steps, observers)
@@ -262,8 +282,14 @@ class Engine:
             steps = self._bound.get(sig)
             if steps is None:
                 self._discover(sig, vals, observers)
-            else:
+            elif observers or threads < 2:  # observers see the nodes one at a time, in order
                 self._execute(vals, steps, observers)
+            elif sig in self._pending:
+                self._calibrate(sig, vals, threads)
+            elif sig in self._staged:
+                self._execute_staged(vals, self._staged[sig], threads)
+            else:
+                self._execute(vals, steps)
             self._last = sig
         finally:
             self._arena_lock.release()
@@ -275,25 +301,37 @@ class Engine:
         stale = any(new - old for new, old in zip(seen, self._aliases))
         self._aliases = [old | new for new, old in zip(seen, self._aliases)]
         if stale:  # a kernel returned a view no earlier plan knew of: those plans are unsafe
-            self._plans.clear()
-            self._bound.clear()
+            for cache in self._signature_caches():
+                if cache is not self._types:
+                    cache.clear()
         types = self.shape_types(sig)
-        plan = build_plan(
-            PlanInput(
-                self.specs,
-                {self.slots[n]: t for n, t in types.items() if n in self.slots},
-                observed,
-                self._aliases,
-                self._intermediate,
-                self._graph_outputs,
-                self._free_after,
-            )
+        inp = PlanInput(
+            self.specs,
+            {self.slots[n]: t for n, t in types.items() if n in self.slots},
+            observed,
+            self._aliases,
+            self._intermediate,
+            self._graph_outputs,
+            self._free_after,
         )
-        self._plans[sig] = plan
+        if self.inter_op == "always":
+            # every run of independent steps as a stage (tests, and graphs known to pay)
+            inp.stages = choose(self._deps, [1.0] * len(self.specs), overhead=0.0, min_gain=0.0, min_share=0.0)
+        elif self.inter_op == "auto" and self._branchy and self.threads not in (1, None):
+            self._pending[sig] = inp
+        self._install(sig, build_plan(inp), list(inp.stages), None)
         while len(self._plans) > MAX_PLANS:  # evict the oldest signature; its types go with it
             old = next(iter(self._plans))
-            for cache in (self._plans, self._bound, self._types):
+            for cache in self._signature_caches():
                 cache.pop(old, None)
+
+    def _signature_caches(self) -> tuple[dict[Signature, Any], ...]:
+        return (self._plans, self._bound, self._types, self._stages, self._staged, self._pending, self._calibrations)
+
+    def _install(self, sig: Signature, plan: Plan, stages: list[Stage], cost: list[float] | None) -> None:
+        """Make ``plan`` the signature's plan, with ``stages`` run concurrently (branches ordered by ``cost``)."""
+        self._plans[sig] = plan
+        self._stages[sig] = (stages, cost)
         if plan.arena_bytes > self._arena.nbytes:
             # the first run's arrays are freed, but glibc keeps much of that heap: hand it back before the
             # arena comes on top of it (peak: squeezenet b8 83 -> 58 MB, densenet121 b8 190 -> 125)
@@ -301,8 +339,46 @@ class Engine:
             # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing
             self._arena = np.empty(align(plan.arena_bytes), dtype=np.uint8)
             self._bound = {s: bind_buffers(p, self._arena) for s, p in self._plans.items()}
+            self._staged.clear()
+            for s, (st, c) in self._stages.items():
+                if st:
+                    self._staged[s] = compose(self._bound[s], st, c)
         else:
             self._bound[sig] = bind_buffers(plan, self._arena)
+            self._staged.pop(sig, None)
+            if stages:
+                self._staged[sig] = compose(self._bound[sig], stages, cost)
+
+    def _calibrate(self, sig: Signature, vals: list[Any], threads: int) -> None:
+        """One timed run of a signature still choosing its stages (stages.Calibration); re-plans when decided."""
+        cal = self._calibrations.get(sig)
+        if cal is None or cal.workers != threads:  # the thread count changed (auto): start over
+            cal = self._calibrations[sig] = Calibration(self._deps, threads)
+            if self._stages[sig][0]:
+                self._replan(sig, [], None)
+        if cal.serial_runs < SEQUENTIAL_RUNS:
+            trial = cal.add_serial(self._timed(vals, self._bound[sig]))
+            if trial:
+                self._replan(sig, trial, cal.serial)
+            elif trial is not None:
+                self._settle(sig)
+            return
+        walls: dict[int, float] = {}
+        self._execute_staged(vals, self._staged[sig], threads, walls)
+        final = cal.add_trial(walls)
+        if final is not None:
+            if final != cal.trial:
+                self._replan(sig, final, cal.serial)
+            self._settle(sig)
+
+    def _replan(self, sig: Signature, stages: list[Stage], cost: list[float] | None) -> None:
+        inp = self._pending[sig]
+        inp.stages = stages
+        self._install(sig, build_plan(inp), stages, cost)
+
+    def _settle(self, sig: Signature) -> None:
+        self._pending.pop(sig, None)
+        self._calibrations.pop(sig, None)
 
     def shape_types(self, sig: Signature) -> dict[str, TensorType]:
         """Value types for an input-shape signature, from the op schemas; cached per signature."""
@@ -320,6 +396,19 @@ class Engine:
                 execute_observed(vals, steps, self.step_nodes, observers)
             else:
                 execute(vals, steps)
+        except StepFailure as failure:
+            raise self._failure(failure) from failure.__cause__
+
+    def _timed(self, vals: list[Any], steps: list[Step]) -> list[float]:
+        try:
+            return execute_timed(vals, steps)
+        except StepFailure as failure:
+            raise self._failure(failure) from failure.__cause__
+
+    def _execute_staged(self, vals: list[Any], staged: tuple[list[Item], list[int]], threads: int,
+                        walls: dict[int, float] | None = None) -> None:
+        try:
+            execute_staged(vals, staged[0], staged[1], get_pool(threads), walls)
         except StepFailure as failure:
             raise self._failure(failure) from failure.__cause__
 
@@ -404,14 +493,25 @@ class InferenceSession(Engine):
         disabled_passes: Iterable[str] = (),
         registry: Registry | None = None,
         threads: int | str | None = "auto",
+        inter_op: str | None = None,
         **_ignored: Any,
     ) -> None:
         if getattr(sess_options, "intra_op_num_threads", 0):
             threads = int(sess_options.intra_op_num_threads)
-        super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry, threads=threads)
+        super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry, threads=threads,
+                         inter_op=inter_op)
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]
+
+
+def _branchy(deps: Sequence[Sequence[int]]) -> bool:
+    """Whether some steps are independent: a step read by two others, or two steps reading no step."""
+    readers = [0] * len(deps)
+    for d in deps:
+        for p in d:
+            readers[p] += 1
+    return max(readers, default=0) > 1 or sum(1 for d in deps if not d) > 1
 
 
 def _packed_release_points(graph: Graph, order: Sequence[Node], kernels: Sequence[Kernel]) -> dict[int, list[str]]:

@@ -14,12 +14,18 @@ types from runtime shape inference through the op schemas decide:
 - in-place steps: a kernel that declared ``inplace`` writes into its dying
   input's arena buffer;
 - the bound run loop: each step's callable with its ``out=`` buffer fixed.
+
+With concurrent stages (stages.py), a stage is one moment of the plan: a
+buffer defined in a stage lives from its first step, one read in a stage to
+its last step, so branches running side by side never share bytes; and a
+step in a stage writes in place only into a buffer its own branch made (no
+other branch reads that).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -27,6 +33,9 @@ import numpy as np
 from .kernel import Kernel
 from .memory import AliasSets, ArenaPlan, Block, align, plan_arena
 from .tensor import TensorType
+
+if TYPE_CHECKING:
+    from .stages import Stage
 
 # (callable, input slots, first output slot, all output slots, slots to drop after the step)
 Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
@@ -68,6 +77,7 @@ class PlanInput:
     intermediate: frozenset[int]  # slots produced by nodes
     graph_outputs: frozenset[int]
     free_after: Sequence[tuple[int, ...]]
+    stages: Sequence[Stage] = ()  # runs of steps that may run concurrently
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
@@ -108,6 +118,7 @@ def build_plan(inp: PlanInput) -> Plan:
     outs_bound: dict[int, int] = {}  # step -> buffer slot it writes into
     inplace_steps: set[int] = set()
     reused = 0  # bytes of in-place results: memory a plan without reuse would allocate
+    branch = {i: (n, k) for n, st in enumerate(inp.stages) for k, b in enumerate(st.branches) for i in b}
 
     def join(a: int, b: int) -> None:
         end = max(ends.get(sets.find(a), -1), ends.get(sets.find(b), -1))
@@ -129,7 +140,7 @@ def build_plan(inp: PlanInput) -> Plan:
             if shared:
                 continue
             if writes_out and static is not None:
-                source = _inplace_source(spec, static, resident, roots, sets, ends, i)
+                source = _inplace_source(spec, static, resident, roots, sets, ends, i, branch)
                 if source is not None:
                     join(slot, source)
                     resident[slot] = resident[source]
@@ -163,15 +174,22 @@ def _inplace_source(
     sets: AliasSets,
     ends: Mapping[int, int],
     step: int,
+    branch: Mapping[int, tuple[int, int]],
 ) -> int | None:
-    """An input of this step whose arena buffer may take the output: same shape, dying here."""
+    """An input of this step whose arena buffer may take the output: same shape, dying here.
+
+    In a stage, only a buffer made in this step's branch: another branch may
+    still be reading one made before the stage.
+    """
     for n in spec.kernel.inplace:
         if n >= len(spec.ins):
             continue
         src = spec.ins[n]
         if src not in resident or spec.ins.count(src) > 1:
             continue
-        _, shape, dtype = roots[resident[src]]
+        made, shape, dtype = roots[resident[src]]
+        if step in branch and branch.get(made) != branch[step]:
+            continue
         if (shape, dtype) == static and ends.get(sets.find(src), -1) == step:
             return src
     return None
@@ -189,10 +207,13 @@ def _finish(
     reused: int,
 ) -> Plan:
     tainted = {sets.find(s) for s in inp.graph_outputs}  # sets a caller will hold on to
+    span = {i: (st.first, st.last) for st in inp.stages for i in range(st.first, st.last + 1)}
     blocks, arena_blocks = [], []
     for slot, (d, shape, dtype) in roots.items():
         root = sets.find(slot)
-        block = Block(slot, _nbytes(shape, dtype), d, max(ends.get(root, d), last.get(slot, d)))
+        end = max(ends.get(root, d), last.get(slot, d))
+        # a stage is one moment: what it defines lives from its start, what it reads to its end
+        block = Block(slot, _nbytes(shape, dtype), span.get(d, (d, d))[0], span.get(end, (end, end))[1])
         if block.size == 0:
             continue
         blocks.append(block)
