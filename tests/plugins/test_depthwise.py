@@ -64,17 +64,19 @@ def run(plan, x, w, win, bias=None, epilogue=None, dtype=np.float32):
     return y
 
 
-@pytest.mark.parametrize("layout", [None, "first", "last"])
+@pytest.mark.parametrize("layout", [None, "first", "last", "copies"])
 @pytest.mark.parametrize("seed", range(40))
 def test_matches_direct_reference(seed, layout):
-    """Any rank, stride, dilation, pads, batch and channel count: both layouts equal the direct sum."""
+    """Any rank, stride, dilation, pads, batch and channel count: every layout equals the direct sum."""
     x, w, win, bias = random_case(seed)
+    if layout == "copies" and len(win.kernel) != 2:
+        pytest.skip("the copies layout is 2-D only")
     y = run(depthwise.plan(win, layout), x, w, win, bias)
     np.testing.assert_allclose(y, reference(x, w, win, bias), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
-@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_dtypes(dtype, layout, stride):
     """float16/32/64 in, the same dtype out, within that dtype's rounding."""
@@ -97,7 +99,7 @@ def test_bias_shaped_as_a_column():
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
 @pytest.mark.parametrize("stride", [1, 2])
 def test_epilogue_sees_each_finished_element_once(threads, layout, stride, monkeypatch):
     """The epilogue gets disjoint regions covering y once, each already holding conv + bias, from any thread."""
@@ -129,7 +131,7 @@ def test_epilogue_sees_each_finished_element_once(threads, layout, stride, monke
     assert choice.parts == threads and len(choice.units) > 3  # split, when there are threads to split over
 
 
-@pytest.mark.parametrize("layout", [None, "first", "last"])
+@pytest.mark.parametrize("layout", [None, "first", "last", "copies"])
 def test_one_and_two_threads_agree(layout):
     """The parallel path computes the same values as the serial one (shufflenet-sized, big enough to split)."""
     rng = np.random.default_rng(0)
@@ -143,7 +145,7 @@ def test_one_and_two_threads_agree(layout):
     np.testing.assert_allclose(serial, reference(x, w, win), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
 def test_scratch_shared_between_plans_keeps_zero_borders(layout):
     """Plans of other geometries (same sizes, other pads) running in between never leak into the padding."""
     rng = np.random.default_rng(1)
@@ -167,7 +169,7 @@ def test_new_weights_are_used():
         np.testing.assert_allclose(run(plan, x, w, win), reference(x, w, win), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
 @pytest.mark.parametrize("spatial,kernel,pads,strides", [
     ((1, 1), (3, 3), (1, 1, 1, 1), (1, 1)),  # one pixel, all padding around it
     ((2, 3), (5, 5), (2, 2, 2, 2), (1, 1)),  # kernel larger than the input
@@ -231,7 +233,7 @@ def test_tuning_keeps_only_the_chosen_layouts_buffers(monkeypatch):
     assert layouts == {choice.layout}
 
 
-@pytest.mark.parametrize("layout", ["first", "last"])
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
 @pytest.mark.parametrize("seed", range(0, 40, 3))
 def test_random_cases_split_over_two_threads(seed, layout, monkeypatch):
     """Split into many small channel blocks over two threads, random geometries still equal the direct sum."""
@@ -239,6 +241,8 @@ def test_random_cases_split_over_two_threads(seed, layout, monkeypatch):
     monkeypatch.setattr(depthwise, "MIN_CHANNEL_SPLIT_MACS", 0)
     monkeypatch.setattr(depthwise, "BLOCK_BYTES", 256)
     x, w, win, bias = random_case(seed)
+    if layout == "copies" and len(win.kernel) != 2:
+        pytest.skip("the copies layout is 2-D only")
     with using_threads(2):
         y = run(depthwise.plan(win, layout), x, w, win, bias)
     np.testing.assert_allclose(y, reference(x, w, win, bias), rtol=1e-4, atol=1e-4)

@@ -4,8 +4,8 @@ Each tap of a depthwise conv is a per-channel weight times a shifted input,
 and numpy is only fast when each call covers many elements in long
 contiguous rows. The input block is copied once into a zero-bordered buffer
 that stays allocated per thread and geometry (its borders are written once),
-so every tap is then a strided *view* of that buffer, never a copy. Two
-layouts, because neither wins everywhere:
+so every tap is then a strided *view* of that buffer, never a copy. Three
+layouts, because none wins everywhere (the first run times them):
 
 - channels first ("first"), for large planes. The block is split into
   stride phase planes (stride 2 in 2-D: four quarter planes), so that every
@@ -19,12 +19,17 @@ layouts, because neither wins everywhere:
   per-row cost would dominate. The block is transposed into (*padded, C)
   and a single einsum over a (*kernel, *out, C) view sums all taps with
   rows running over channels.
+- tap copies ("copies", 2-D only; depthwise_copies.py): each tap copied
+  into a (C, taps, outputs) matrix and one matmul per channel multiplies and
+  sums them; no padding columns, so no cropping copy. Wins at 56x56 to 14x14.
 
 Measured on shufflenet's 16 depthwise layers (bench/depthwise_layers.py, 2 threads, medians
 over runs that varied by a third on this shared machine): batch 1, the whole-tensor tap method
 this replaces 6.4-8.3 ms, this 2.5-3.2 ms, onnxruntime 0.5 ms; batch 8, 52-83 / 20-24 / 4.5-7 ms.
 numpy's multiply (~10 G elements/s here) and einsum (~6 G multiply-adds/s: SSE loops) bound it;
-the rest is the pad and transpose copies, whose rows are short.
+the rest is the pad and transpose copies, whose rows are short. The copies layout then took the
+16 layers' sum at batch 1 from 2.7 ms (the better of first/last per layer) to 2.0 ms in the same
+run (onnxruntime 0.5), and shufflenet b1 from 8.0 to 7.6 ms (in-process A/B, 80 runs each).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import numpy as np
 from minfer_core import intra_op_threads, parallel_for
 
 from . import _geometry as geo
+from .depthwise_copies import Copies
 
 Epilogue = Callable[[np.ndarray, tuple], None]
 Plan = Callable[[np.ndarray, Any, np.ndarray, "np.ndarray | None", "Epilogue | None"], None]
@@ -55,6 +61,9 @@ MIN_SPLIT_MACS = 800_000
 # splitting one image's channels needs more: inside shufflenet (batch 1), the first 136x28x28 layer
 # took 430-560 us split and 300-360 us not (its neighbours' evictions, the worker's wake-up)
 MIN_CHANNEL_SPLIT_MACS = 2_000_000
+# the tuner times split and unsplit runs from this many multiply-adds (the hand-over alone is ~45 us here)
+MIN_TRY_SPLIT_MACS = 300_000
+SPLIT_HANDICAP = 1.15
 # output planes of at most this many cells, with at least this many channels, try channels-last first
 # (shufflenet: 28x28 stride 2 to 14x14 took 98 us last, 140 first; 28x28 stride 1, 225 first, 296 last)
 SMALL_PLANE = 400
@@ -201,8 +210,9 @@ class _Depthwise:
         self.layout = layout
         self.first = _First(w)
         self.last = _Last(w)
+        self.copies = Copies(w) if Copies.applies(w) else None
         self._key = (w.in_shape, w.kernel, w.strides, w.dilations, w.begin, w.out_shape)
-        self._weights: tuple[Any, np.dtype, np.ndarray, np.ndarray] | None = None
+        self._weights: tuple[Any, np.dtype, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._choices: dict[tuple, _Choice] = {}
         self._ones: dict[np.dtype, np.ndarray] = {}
 
@@ -219,57 +229,84 @@ class _Depthwise:
             choice = self._choices[key] = self._choose(x, p, y, work, threads)
         self._run(choice, x, p, y, bias, epilogue, work)
 
-    def _prepared(self, p: Any, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-        """Weights (taps, C) in kernel order and in product-stack order, kept while p.depthwise is the same."""
+    def _prepared(self, p: Any, dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Weights (taps, C) in kernel order and in product-stack order, and (C, 1, taps) rows for the copies
+        layout's matmul; kept while p.depthwise is the same."""
         cached = self._weights
         if cached is None or cached[0] is not p.depthwise or cached[1] != dtype:
             weights = np.ascontiguousarray(p.depthwise.T, dtype=dtype)
-            cached = self._weights = (p.depthwise, dtype, weights, np.ascontiguousarray(weights[self.first.order]))
-        return cached[2], cached[3]
+            rows = np.ascontiguousarray(p.depthwise, dtype=dtype).reshape(p.depthwise.shape[0], 1, -1)
+            cached = self._weights = (p.depthwise, dtype, weights, np.ascontiguousarray(weights[self.first.order]), rows)
+        return cached[2], cached[3], cached[4]
 
-    def _cut(self, layout: str, n: int, c: int, itemsize: int, threads: int) -> _Choice:
-        """(image, channel block) units whose scratch fits BLOCK_BYTES, and whether to split them over threads."""
-        per_channel = (self.first if layout == "first" else self.last).scratch_per_channel()
+    def _macs(self, n: int, c: int) -> int:
+        return n * c * self.first.taps * math.prod(self.window.out_shape)
+
+    def _cut(self, layout: str, n: int, c: int, itemsize: int, threads: int, split: bool | None = None) -> _Choice:
+        """(image, channel block) units whose scratch fits BLOCK_BYTES, split over threads as asked (None: when
+        the conv has enough multiply-adds)."""
+        per_channel = self._geometry(layout).scratch_per_channel()
         blocks = math.ceil(c * per_channel * itemsize / BLOCK_BYTES)
-        macs = n * c * self.first.taps * math.prod(self.window.out_shape)
-        split = threads > 1 and macs >= (MIN_SPLIT_MACS if n >= threads else MIN_CHANNEL_SPLIT_MACS)
+        if split is None:
+            split = self._macs(n, c) >= (MIN_SPLIT_MACS if n >= threads else MIN_CHANNEL_SPLIT_MACS)
+        split = split and threads > 1
         if split and n * blocks < threads:
             blocks = math.ceil(threads / n)
         step = math.ceil(c / min(c, blocks))
         units = [(i, c0, min(c, c0 + step)) for i in range(n) for c0 in range(0, c, step)]
         return _Choice(layout, units, min(threads, len(units)) if split else 1)
 
+    def _geometry(self, layout: str) -> _First | _Last | Copies:
+        geometry = self.first if layout == "first" else self.last if layout == "last" else self.copies
+        if geometry is None:
+            raise ValueError(f"the {layout!r} layout does not apply to window {self.window}")
+        return geometry
+
     def _choose(self, x: np.ndarray, p: Any, y: np.ndarray, work: np.dtype, threads: int) -> _Choice:
-        """The forced layout, else the quicker of both by its best of three runs (TUNE), else by plane size."""
+        """The forced layout, else the quickest layout by its best of three runs (TUNE), else by plane size.
+
+        Tuning also times each layout split over the threads and not, when there are fewer images than
+        threads and from MIN_TRY_SPLIT_MACS on: whether splitting one image's channels pays depends on more
+        than the multiply-adds (112x56x56 stride 2, 0.8M, spends most of its time copying its large input and
+        gains from a split; 136x28x28, 1M, does not). Images are split by the rule (MIN_SPLIT_MACS): timing
+        that too picked the serial run for some of shufflenet's batch-8 layers, by noise.
+        """
         n, c = x.shape[:2]
         if self.layout:
             layouts = [self.layout]
         elif math.prod(self.window.out_shape) <= SMALL_PLANE and c >= MIN_LAST_CHANNELS:
-            layouts = ["last", "first"]
+            layouts = ["last", "copies", "first"]
         else:
-            layouts = ["first", "last"]
+            layouts = ["copies", "first", "last"]
+        if self.copies is None and not self.layout:
+            layouts.remove("copies")
         choices = [self._cut(layout, n, c, work.itemsize, threads) for layout in layouts]
-        if len(choices) == 1 or not TUNE:
+        if self.layout or not TUNE:
             return choices[0]
+        if 1 < threads and n < threads and self._macs(n, c) >= MIN_TRY_SPLIT_MACS:
+            choices += [self._cut(ch.layout, n, c, work.itemsize, threads, split=ch.parts == 1) for ch in choices]
         best, best_time = choices[0], float("inf")
         for choice in choices:
             for _ in range(3):
                 start = time.perf_counter()
                 self._run(choice, x, p, y, None, None, work)
-                took = time.perf_counter() - start
+                # a split must win clearly: inside a model the other thread wakes up slower than here
+                took = (time.perf_counter() - start) * (SPLIT_HANDICAP if choice.parts > 1 else 1)
                 if took < best_time:
                     best, best_time = choice, took
-        # the losing layout's zero-bordered buffers would stay cached for nothing (shufflenet b1: 4 MB)
+        # the losers' zero-bordered buffers (other layouts, other block sizes) would stay cached for nothing
+        # (shufflenet b1: 4 MB)
+        kept = {(best.layout, c1 - c0) for _, c0, c1 in best.units}
         for pool in list(_all_padded):
-            for key in [k for k in pool if k[0] != best.layout and k[3:] == self._key]:
+            for key in [k for k in pool if k[:2] not in kept and k[3:] == self._key]:
                 pool.pop(key, None)
         return best
 
     def _run(self, choice: _Choice, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
              epilogue: Epilogue | None, work: np.dtype) -> None:
-        in_order, by_group = self._prepared(p, work)
+        in_order, by_group, rows = self._prepared(p, work)
         bias_col = None if bias is None else bias.reshape((x.shape[1],) + (1,) * (x.ndim - 2))
-        first = choice.layout == "first"
+        layout = choice.layout
         units = choice.units
 
         def span(lo: int, hi: int) -> None:
@@ -281,7 +318,9 @@ class _Depthwise:
                     np.setbufsize(64)
                 for i, c0, c1 in units[lo:hi]:
                     b = None if bias_col is None else bias_col[c0:c1]
-                    if first:
+                    if layout == "copies":
+                        self._block_copies(x[i, c0:c1], rows[c0:c1], y[i, c0:c1], work, b)
+                    elif layout == "first":
                         self._block_first(x[i, c0:c1], by_group[:, c0:c1], y[i, c0:c1], work, b)
                     else:
                         self._block_last(x[i, c0:c1], in_order[:, c0:c1], y[i, c0:c1], work, b)
@@ -316,6 +355,17 @@ class _Depthwise:
             wide += bias.reshape(cb, 1)
         np.copyto(y, acc.reshape((cb, self.window.out_shape[0]) + g.lengths[1:])[g.keep], casting="same_kind")
 
+    def _block_copies(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
+                      bias: np.ndarray | None) -> None:
+        """One copies block: x (cb, H, W) -> y (cb, oh, ow); weights (cb, 1, taps)."""
+        g, cb = self.copies, x.shape[0]
+        assert g is not None
+        planes = _padded(("copies", cb, work) + self._key, len(g.phases) * cb * g.plane, work)
+        cols = _scratch("stack", cb * g.taps * g.outputs, work)
+        acc = None if g.direct(y, work) else _scratch("acc", cb * g.outputs, work).reshape(cb, 1, g.outputs)
+        g.block(x, weights, y, planes.reshape(len(g.phases), cb, g.plane), cols.reshape(cb, g.taps, g.outputs),
+                acc, bias)
+
     def _block_last(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
                     bias: np.ndarray | None) -> None:
         """One channels-last block: x (cb, *in) -> y (cb, *out); weights (taps, cb) in kernel order."""
@@ -340,6 +390,7 @@ def plan(w: geo.Window, layout: str | None = None) -> Plan:
     (C, prod(kernel)) weights in `Window.taps` order; ``y`` (N, C, *out) C-contiguous, written whole;
     ``bias`` None or C values (shaped (C,) or (C, 1, ..., 1)); ``epilogue(y, region)`` is called once per
     finished (image, channel block), ``region = (slice(i, i + 1), slice(c0, c1))``, possibly from
-    several threads at once. ``layout`` forces "first" or "last" (channels), for tests and benchmarks.
+    several threads at once. ``layout`` forces "first" or "last" (channels)
+    or "copies" (2-D only, see depthwise_copies.py), for tests and benchmarks.
     """
     return _Depthwise(w, layout)
