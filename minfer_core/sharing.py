@@ -28,6 +28,16 @@ from . import parallel
 _local = threading.local()  # .helping: this thread is inside a published range (nested parallel_for is serial)
 
 
+def _signal() -> Any:
+    """A one-shot signal whose waiter spins in C with the GIL released (parallel.py's, as the pool's workers use).
+
+    A waiter that slept instead would cost 40-80 us to wake on this VM, which
+    halts an idle vCPU at once: more than a stage saves. Only threads of a
+    running stage wait on these, while their core has nothing else to do.
+    """
+    return parallel._SpinSignal() if parallel._SPIN is not None else parallel._SleepSignal()
+
+
 class _Ranges:
     """One `parallel_for` call published to a team: ranges taken by ticket, finished ones counted."""
 
@@ -39,7 +49,7 @@ class _Ranges:
         self.ended = itertools.count(1)
         self.open = True  # some range is still untaken
         self.error: BaseException | None = None
-        self.finished = threading.Event()
+        self.finished = _signal()  # posted once, by whichever thread ends the last range
 
     def work(self) -> None:
         """Run untaken ranges until none is left (any thread, any number at once)."""
@@ -56,7 +66,7 @@ class _Ranges:
                 except BaseException as exc:  # handed to the publishing thread once every range has ended
                     self.error = self.error or exc
                 if next(self.ended) == self.parts:
-                    self.finished.set()
+                    self.finished.post()
         finally:
             _local.helping = outer
 
@@ -74,10 +84,10 @@ class Team:
         self.branches = branches
         self.threads = threads
         self.error: BaseException | None = None
-        self._cond = threading.Condition(threading.Lock())
+        self._lock = threading.Lock()
         self._next = 0
         self._running = 0
-        self._idle = 0
+        self._idle: list[Any] = []  # signals of the threads waiting for a branch's ranges or the end
         self._open: list[_Ranges] = []
 
     def run(self, n: int, fn: Callable[[int, int], None], parts: int) -> None:
@@ -87,12 +97,11 @@ class Team:
             fn(0, n)
             return
         job = _Ranges(n, fn, parts)
-        with self._cond:
+        with self._lock:
             self._open.append(job)
-            if self._idle:
-                self._cond.notify_all()
+            self._wake_idle()
         job.work()
-        with self._cond:
+        with self._lock:
             self._open.remove(job)
         job.finished.wait()
         if job.error is not None:
@@ -111,8 +120,8 @@ class Team:
                     self._run(branch)
 
     def _next_task(self) -> tuple[Callable[[], None] | None, _Ranges | None]:
-        with self._cond:
-            while True:
+        while True:
+            with self._lock:
                 if self._next < len(self.branches) and self.error is None:
                     self._next += 1
                     self._running += 1
@@ -120,20 +129,34 @@ class Team:
                 job = next((j for j in self._open if j.open), None)
                 if job is not None or self._running == 0:
                     return None, job
-                self._idle += 1
-                self._cond.wait()
-                self._idle -= 1
+                signal = _idle_signal()
+                self._idle.append(signal)
+            signal.wait()  # until a branch publishes ranges or ends
+
+    def _wake_idle(self) -> None:
+        # under self._lock: each waiting thread was registered once and is posted once
+        for signal in self._idle:
+            signal.post()
+        self._idle.clear()
 
     def _run(self, branch: Callable[[], None]) -> None:
         try:
             branch()
         except BaseException as exc:
-            with self._cond:
+            with self._lock:
                 self.error = self.error or exc
         finally:
-            with self._cond:
+            with self._lock:
                 self._running -= 1
-                self._cond.notify_all()
+                self._wake_idle()
+
+
+def _idle_signal() -> Any:
+    """This thread's signal for waiting idle in a team (made once per thread)."""
+    signal = getattr(_local, "idle", None)
+    if signal is None:
+        signal = _local.idle = _signal()
+    return signal
 
 
 @contextlib.contextmanager

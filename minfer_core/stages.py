@@ -225,8 +225,8 @@ def _staged(steps: Sequence[Step], stage: Stage, made: dict[int, int], cost: Seq
             later += [s for s in free if s not in mine]
             run.append((i, (fn, ins, out0, outs, mine)))
         runs.append(tuple(run))
-    if cost is not None:
-        runs.sort(key=lambda run: -sum(cost[i] for i, _ in run))
+    # longest first (by ``cost``, else by step count): the first thread free takes the next one
+    runs.sort(key=lambda run: -sum(cost[i] for i, _ in run) if cost is not None else -len(run))
     return StagedRun(stage, tuple(runs), tuple(later))
 
 
