@@ -48,6 +48,11 @@ def test_small_maps_merge_whole_images(n):
     assert max(t.images for t in tiles) > 1 and len(tiles) >= min(n, SPLIT)
 
 
+def test_merged_images_make_a_tile_count_the_threads_share_evenly():
+    tiles = cut(8, 64, 7, 7, 1000, 4 << 20, 10**9, merge_columns=128)  # 3 images make 128 columns: 3 + 3 + 2
+    assert sum(t.images for t in tiles) == 8 and len(tiles) % SPLIT == 0 and len({t.images for t in tiles}) == 1
+
+
 def _covered_images(tiles, n, m, rows):
     seen = np.zeros((n, m, rows), dtype=int)
     for t in tiles:
@@ -87,6 +92,9 @@ CASES = [
     ((5, 32, 7, 9), (40, 32, 3, 3), [1, 1, 1, 1], [1, 1]),  # small maps: Winograd merges images per GEMM
     ((2, 16, 15, 13), (48, 16, 1, 1), [0, 0, 0, 0], [2, 2]),  # strided pointwise: contiguous copy per tile
     ((1, 40, 9, 11), (24, 40, 1, 1), [0, 0, 0, 0], [2, 1]),   # strided pointwise, more channels in than out
+    ((6, 24, 5, 7), (40, 24, 1, 1), [0, 0, 0, 0], [1, 1]),    # small maps, batch: images share a GEMM
+    ((5, 16, 9, 9), (24, 16, 1, 1), [0, 0, 0, 0], [2, 2]),    # the same, strided
+    ((7, 8, 6, 5), (12, 8, 3, 3), [1, 0, 1, 2], [2, 1]),      # im2col over several images per GEMM
 ]
 
 

@@ -55,8 +55,10 @@ def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, ma
     want = SPLIT if macs >= MIN_SPLIT_MACS else 1
     per_image = rows * row_len
     if merge_columns and n > 1 and per_image < merge_columns:
-        k = min(math.ceil(merge_columns / per_image), max(1, budget // max(1, rows * row_bytes)),
-                max(1, n // want))
+        most = min(max(1, budget // max(1, rows * row_bytes)), max(1, n // want))
+        k = min(math.ceil(merge_columns / per_image), most)
+        # a tile count the threads share evenly (8 images as 3 + 3 + 2 would leave one thread idle a third)
+        k = next((j for j in range(k, most + 1) if math.ceil(n / j) % want == 0), k)
         if k > 1:
             return [Tile(i, 0, m, 0, rows, min(k, n - i)) for i in range(0, n, k)]
     step = max(1, min(rows, budget // max(1, row_bytes)))
