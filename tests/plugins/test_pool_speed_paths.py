@@ -84,6 +84,7 @@ def tiny_chunks(monkeypatch):
     """Chunks of one plane and a split whatever the size: the multi-chunk, two-thread path on small inputs."""
     monkeypatch.setattr(pool, "_CHUNK_BYTES", 1)
     monkeypatch.setattr(pool, "_SPLIT_BYTES", 0)
+    monkeypatch.setattr(pool, "_SPLIT_WORK", 0)
     monkeypatch.setattr(norm, "_LRN_CHUNK_BYTES", 1)
     monkeypatch.setattr(norm, "_LRN_SPLIT_BYTES", 0)
 
@@ -221,6 +222,26 @@ def test_pool_at_model_shapes_matches_reference():
             np.testing.assert_array_equal(make_kernel("MaxPool", 12, x, attrs)(x), reference_pool(x, attrs, "max"))
             got = make_kernel("AveragePool", 19, x, attrs)(x)
         np.testing.assert_allclose(got, reference_pool(x, attrs, "avg"), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape,split", [
+    ((1, 24, 112, 112), False),  # shufflenet's stem pool, 1.2 MB: lost 10% split
+    ((2, 272, 14, 14), False),
+    ((4, 272, 14, 14), True),  # narrow planes: split from fewer bytes (0.8 MB)
+    ((8, 24, 56, 56), True),
+    ((1, 192, 56, 56), True),
+])
+def test_windowed_pools_split_by_work(shape, split, monkeypatch):
+    """A windowed pool is handed to the threads when its cells, weighted for narrow planes, pass the line."""
+    calls = []
+    real = pool.parallel_for
+    monkeypatch.setattr(pool, "parallel_for", lambda n, fn: calls.append(n) or real(n, fn))
+    x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
+    with using_threads(2):
+        got = make_kernel("AveragePool", 19, x, attrs)(x)
+    assert calls == ([shape[0] * shape[1]] if split else [])
+    np.testing.assert_allclose(got, reference_pool(x, attrs, "avg"), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])

@@ -25,10 +25,23 @@ _ALL = (slice(None), slice(None))
 # a chunk's input planes plus its scratch. Not L2-sized: each numpy call costs a few microseconds
 # of Python, so many small chunks lose more than the cache saves; this only bounds the scratch.
 _CHUNK_BYTES = 4 * 1024 * 1024
-# below this input size a pool (0.1-0.2 ms per MB) is cheaper whole than split between two threads:
-# measured serial -> split, us: 8x512x13x13 (2.6 MB) 523 -> 355, 1x64x111x111 (3 MB) 320 -> 266,
-# but 1x192x56x56 (2.3 MB) 308 -> 373 and 1x256x28x28 118 -> 301 (each numpy call hands the GIL back)
+# below this input size a global pool is cheaper whole than split between two threads
 _SPLIT_BYTES = 5 * 1024 * 1024 // 2
+# windowed pools split from this much work: input cells times (1 + 15 / last input dim), as narrow planes
+# cost more per cell (shorter runs, more numpy calls per cell); the split pays from about 150 us serial.
+# Measured serial -> split (2 threads, us): 4x24x56x56 avg 140 -> 127, 4x272x14x14 avg 183 -> 160,
+# 8x272x14x14 avg 381 -> 229, 1x192x56x56 max 269 -> 200, 1x480x28x28 max 207 -> 173; but
+# 1x24x112x112 max 127 -> 139, 1x256x28x28 max 112 -> 137, 2x136x28x28 avg 130 -> 135,
+# 2x272x14x14 avg 99 -> 127 (the hand-over costs ~45 us here). Bytes alone put the line in the wrong
+# place: 1.7 MB of 14x14 planes gained 40% from a split where 1.2 MB of 112x112 ones lost. Newly split
+# by this rule at other zoo shapes: 1x512x28x28 avg 2x2 119 -> 94, 1x1024x14x14 avg 2x2 83 -> 70,
+# 1x512x27x27 max 3x3 s2 193 -> 148, 1x512x28x28 max 2x2 135 -> 98; left whole: 1x832x14x14 max
+# 3x3 s2 (128 vs 122 split), 1x512x14x14 max 2x2 (45 vs 63).
+_SPLIT_WORK = 350_000
+
+
+def _worth_splitting(x: np.ndarray) -> bool:
+    return x.size * (1 + 15 / max(1, x.shape[-1])) >= _SPLIT_WORK
 
 _local = threading.local()
 
@@ -294,7 +307,7 @@ def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
                 if finish is not None:
                     finish(dst[a:b])
 
-        if x.nbytes < _SPLIT_BYTES:
+        if not _worth_splitting(x):
             chunks(0, planes)
         else:
             parallel_for(planes, chunks)
