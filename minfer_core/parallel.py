@@ -129,7 +129,8 @@ class ThreadPool:
         self._jobs: list[object] = [None] * helpers
         self._errors: list[BaseException | None] = [None] * helpers
         self._wake = [threading.Semaphore(0) for _ in range(helpers)]
-        self._users = 0  # using_threads blocks in progress: the workers spin while there are any
+        self._users = 0  # using_threads blocks in progress: woken workers spin while there are any
+        self._awake = False
         self._users_lock = threading.Lock()
         self._tids: list[int] = []
         started = threading.Barrier(threads)
@@ -181,23 +182,29 @@ class ThreadPool:
             done.post()
 
     def enter(self) -> None:
-        """A run starts using the pool: wake the workers (they spin for work until the last user leaves)."""
+        """A run starts using the pool. The workers are woken by its first `run` (a run with nothing to
+        split pays nothing) and spin for work from then on until the last user leaves."""
         with self._users_lock:
             self._users += 1
-            if self._users == 1:
-                for wake in self._wake:
-                    wake.release()
 
     def leave(self) -> None:
-        """A run stops using the pool: the last one out sends the workers to sleep (and waits until they are)."""
+        """A run stops using the pool: the last one out sends awake workers to sleep (and waits until they are)."""
         with self._users_lock:
             self._users -= 1
-            if self._users == 0:
+            if self._users == 0 and self._awake:
+                self._awake = False
                 for i, go in enumerate(self._go):
                     self._jobs[i] = _PARK
                     go.post()
                 for done in self._done:
                     done.wait()
+
+    def _wake_workers(self) -> None:
+        with self._users_lock:
+            if not self._awake:
+                self._awake = True
+                for wake in self._wake:
+                    wake.release()
 
     def run(self, n: int, fn: Callable[[int, int], None], parts: int) -> None:
         """Call ``fn(lo, hi)`` over ``parts`` contiguous ranges covering [0, n), the ranges taken by whoever is free."""
@@ -205,9 +212,11 @@ class ThreadPool:
         if parts == 1 or self.threads == 1 or not self._busy.acquire(blocking=False):
             fn(0, n)
             return
-        entered = self._users == 0  # used outside a using_threads block: wake the workers for this call
+        entered = self._users == 0  # used outside a using_threads block: the workers sleep again after this call
         if entered:
             self.enter()
+        if not self._awake:
+            self._wake_workers()
         try:
             if len(self._cpus) > 1:
                 self._place_workers()
