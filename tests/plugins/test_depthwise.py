@@ -273,3 +273,17 @@ def test_numpy_settings_are_left_as_found():
     x, w, win, bias = random_case(9)
     run(depthwise.plan(win), x, w, win, bias)
     assert np.getbufsize() == before and np.geterr() == errors
+
+
+
+@pytest.mark.parametrize("layout", ["first", "last", "copies"])
+def test_strided_view_as_input(layout):
+    """x may be a strided view (every other channel of a larger tensor, a cropped plane): every layout copies it."""
+    rng = np.random.default_rng(12)
+    base = rng.standard_normal((2, 48, 11, 12)).astype(np.float32)
+    x = base[:, ::2, 1:, :10]
+    w = rng.standard_normal((24, 1, 3, 3)).astype(np.float32)
+    win = geo.window((10, 10), (3, 3), strides=(2, 1), pads=(1, 1, 1, 1), clamp_same=True)
+    y = np.empty((2, 24) + win.out_shape, np.float32)
+    depthwise.plan(win, layout)(x, Packed(w), y, None, None)
+    np.testing.assert_allclose(y, reference(np.ascontiguousarray(x), w, win), rtol=1e-4, atol=1e-4)

@@ -386,11 +386,11 @@ class _Depthwise:
 def plan(w: geo.Window, layout: str | None = None) -> Plan:
     """The depthwise method for one input geometry: ``run(x, p, y, bias, epilogue)``.
 
-    ``x`` (N, C, *in) C-contiguous, any float dtype (float16 is computed in float32); ``p.depthwise``
-    (C, prod(kernel)) weights in `Window.taps` order; ``y`` (N, C, *out) C-contiguous, written whole;
-    ``bias`` None or C values (shaped (C,) or (C, 1, ..., 1)); ``epilogue(y, region)`` is called once per
-    finished (image, channel block), ``region = (slice(i, i + 1), slice(c0, c1))``, possibly from
-    several threads at once. ``layout`` forces "first" or "last" (channels)
-    or "copies" (2-D only, see depthwise_copies.py), for tests and benchmarks.
+    ``x`` (N, C, *in), any strides (each layout copies it once) and float dtype (float16 is computed in
+    float32); ``p.depthwise`` (C, prod(kernel)) weights in `Window.taps` order; ``y`` (N, C, *out)
+    C-contiguous, written whole; ``bias`` None or C values (shaped (C,) or (C, 1, ..., 1));
+    ``epilogue(y, region)`` is called once per finished (image, channel block), ``region = (slice(i, i + 1),
+    slice(c0, c1))``, possibly from several threads at once. ``layout`` forces "first" or "last"
+    (channels) or "copies" (2-D only, see depthwise_copies.py), for tests and benchmarks.
     """
     return _Depthwise(w, layout)
