@@ -287,3 +287,21 @@ def test_strided_view_as_input(layout):
     y = np.empty((2, 24) + win.out_shape, np.float32)
     depthwise.plan(win, layout)(x, Packed(w), y, None, None)
     np.testing.assert_allclose(y, reference(np.ascontiguousarray(x), w, win), rtol=1e-4, atol=1e-4)
+
+
+def test_tuning_may_split_one_image(monkeypatch):
+    """With TRY_SPLIT, one image's channels split or not by timing; either way the result is the direct sum."""
+    monkeypatch.setattr(depthwise, "TUNE", True)
+    monkeypatch.setattr(depthwise, "TRY_SPLIT", True)
+    monkeypatch.setattr(depthwise, "MIN_TRY_SPLIT_MACS", 0)
+    rng = np.random.default_rng(13)
+    x, w, b = rng.standard_normal((1, 40, 12, 12)), rng.standard_normal((40, 1, 3, 3)), rng.standard_normal(40)
+    win = geo.window((12, 12), (3, 3), pads=(1, 1, 1, 1), clamp_same=True)
+    plan = depthwise.plan(win)
+    with using_threads(2):
+        y = run(plan, x, w, win, b)
+        again = run(plan, x, w, win, b)
+    (choice,) = plan._choices.values()
+    assert choice.parts in (1, 2)
+    np.testing.assert_allclose(y, reference(x, w, win, b), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(y, again)

@@ -61,7 +61,12 @@ MIN_SPLIT_MACS = 800_000
 # splitting one image's channels needs more: inside shufflenet (batch 1), the first 136x28x28 layer
 # took 430-560 us split and 300-360 us not (its neighbours' evictions, the worker's wake-up)
 MIN_CHANNEL_SPLIT_MACS = 2_000_000
-# the tuner times split and unsplit runs from this many multiply-adds (the hand-over alone is ~45 us here)
+# TRY_SPLIT: the tuner also times each layout with one image's channels split over the threads, from
+# MIN_TRY_SPLIT_MACS on, and keeps a split only when SPLIT_HANDICAP times its time still wins. Off: inside
+# shufflenet b1 it chose no split (8.25 ms either way, 120 interleaved runs) while the trials grew the
+# worker's scratch, peak memory 15.1 -> 19.7 MB. Worth turning on once the hand-over (~45 us now) is cheaper:
+# alone, 136x28x28 took 171 us serial and 131 split, 112x56x56 s2 247 and 221.
+TRY_SPLIT = False
 MIN_TRY_SPLIT_MACS = 300_000
 SPLIT_HANDICAP = 1.15
 # output planes of at most this many cells, with at least this many channels, try channels-last first
@@ -172,7 +177,10 @@ _local = threading.local()
 
 def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
     """A per-thread reusable flat buffer (contents undefined), grown to the largest size asked."""
-    pool = _local.__dict__.setdefault("scratch", {})
+    pool = _local.__dict__.get("scratch")
+    if pool is None:
+        pool = _local.scratch = {}
+        _all_scratch.append(pool)
     buf = pool.get(name)
     if buf is None or buf.nbytes < size * dtype.itemsize:
         buf = pool[name] = np.empty(max(size * dtype.itemsize, 64), dtype=np.uint8)
@@ -180,6 +188,7 @@ def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
 
 
 _all_padded: list[dict[tuple, np.ndarray]] = []  # every thread's padded-buffer pool, to drop a layout's from all
+_all_scratch: list[dict[str, np.ndarray]] = []  # every thread's scratch pool
 
 
 def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
@@ -265,11 +274,11 @@ class _Depthwise:
     def _choose(self, x: np.ndarray, p: Any, y: np.ndarray, work: np.dtype, threads: int) -> _Choice:
         """The forced layout, else the quickest layout by its best of three runs (TUNE), else by plane size.
 
-        Tuning also times each layout split over the threads and not, when there are fewer images than
-        threads and from MIN_TRY_SPLIT_MACS on: whether splitting one image's channels pays depends on more
-        than the multiply-adds (112x56x56 stride 2, 0.8M, spends most of its time copying its large input and
-        gains from a split; 136x28x28, 1M, does not). Images are split by the rule (MIN_SPLIT_MACS): timing
-        that too picked the serial run for some of shufflenet's batch-8 layers, by noise.
+        With TRY_SPLIT, tuning also times each layout split over the threads and not, when there are fewer
+        images than threads: whether splitting one image's channels pays depends on more than the
+        multiply-adds (112x56x56 stride 2, 0.8M, spends most of its time copying its large input). Images
+        are split by the rule (MIN_SPLIT_MACS): timing that too picked the serial run for some of
+        shufflenet's batch-8 layers, by noise.
         """
         n, c = x.shape[:2]
         if self.layout:
@@ -283,7 +292,7 @@ class _Depthwise:
         choices = [self._cut(layout, n, c, work.itemsize, threads) for layout in layouts]
         if self.layout or not TUNE:
             return choices[0]
-        if 1 < threads and n < threads and self._macs(n, c) >= MIN_TRY_SPLIT_MACS:
+        if TRY_SPLIT and 1 < threads and n < threads and self._macs(n, c) >= MIN_TRY_SPLIT_MACS:
             choices += [self._cut(ch.layout, n, c, work.itemsize, threads, split=ch.parts == 1) for ch in choices]
         best, best_time = choices[0], float("inf")
         for choice in choices:
@@ -300,6 +309,13 @@ class _Depthwise:
         for pool in list(_all_padded):
             for key in [k for k in pool if k[:2] not in kept and k[3:] == self._key]:
                 pool.pop(key, None)
+        if best.parts == 1 and any(ch.parts > 1 for ch in choices):
+            # a losing split grew the other threads' scratch (shufflenet b1: 4.5 MB more peak memory); a
+            # plan that does split makes it again at its next run
+            mine = _local.__dict__.get("scratch")
+            for scratch in _all_scratch:
+                if scratch is not mine:
+                    scratch.clear()
         return best
 
     def _run(self, choice: _Choice, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
