@@ -352,3 +352,37 @@ def test_parallel_for_inside_a_branch_reports_the_session_threads():
     with using_threads(2):
         team.work()
     assert seen == [2]
+
+
+def test_sessions_running_from_several_threads_stay_correct():
+    """Staged runs from four Python threads at once (the pool busy, the arena taken) give the threads=1 outputs."""
+    model = _branchy_model()
+    staged = InferenceSession(model, threads=2, inter_op="always")
+    serial = InferenceSession(model, threads=1, inter_op="never")
+    xs = [_x(16, seed=s) for s in range(4)]
+    want = [serial.run(None, {"x": x})[0] for x in xs]
+    staged.run(None, {"x": xs[0]})
+    failures: list[str] = []
+
+    def worker(k: int) -> None:
+        for _ in range(20):
+            if not np.array_equal(staged.run(None, {"x": xs[k]})[0], want[k]):
+                failures.append(f"thread {k}")
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+
+
+def test_the_profiler_sees_every_node_of_a_staged_session(tmp_path):
+    """Observers keep the sequential loop: a profile of a staged session lists each node once per run."""
+    sess = InferenceSession(_branchy_model(), threads=2, inter_op="always")
+    x = _x(8)
+    want = sess.run(None, {"x": x})[0]
+    trace = sess.profile({"x": x}, str(tmp_path / "t.json"), repeat=2)
+    names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "Node"]
+    assert sorted(names) == sorted(2 * [n.name for n in sess.step_nodes])
+    np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
