@@ -105,4 +105,4 @@ class Copies:
 
     def direct(self, y: np.ndarray, work: np.dtype) -> bool:
         """Whether the matmul can write y itself: rows of exactly the output width, in the work dtype."""
-        return self.width == self.out_shape[1] and y.dtype == work
+        return self.width == self.out_shape[1] and y.dtype == work and y.flags.c_contiguous
