@@ -75,7 +75,10 @@ class Engine:
     times the next runs of each new input shape and keeps the concurrent
     stages that pay; ``"always"`` runs every run of independent steps
     concurrently; ``"never"`` keeps the sequential loop. The default comes
-    from ``MINFER_INTER_OP`` (else ``"auto"``). Outputs do not depend on it.
+    from ``MINFER_INTER_OP``, else ``"never"``: on the 2-core VM this was
+    measured on, no stage of the benchmark models paid (two kernels at once
+    contend for the GIL), and ``"auto"`` spends runs 2-5 of each new shape
+    timing them. Outputs do not depend on it.
     """
 
     def __init__(
@@ -90,7 +93,7 @@ class Engine:
         inter_op: str | None = None,
     ) -> None:
         self.registry = registry or get_registry()
-        self.inter_op = inter_op or os.environ.get("MINFER_INTER_OP", "auto")
+        self.inter_op = inter_op or os.environ.get("MINFER_INTER_OP", "never")
         if self.inter_op not in INTER_OP:
             raise ValueError(f"inter_op must be one of {INTER_OP}, not {self.inter_op!r}")
         # intra-op threads during run(): a count, "auto" (all cores unless other processes keep one busy:

@@ -24,7 +24,7 @@ import ctypes
 import itertools
 import os
 import threading
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 _POOL: contextvars.ContextVar["ThreadPool | None"] = contextvars.ContextVar("minfer_intra_op_pool", default=None)
 
@@ -88,6 +88,12 @@ class _SleepSignal:
 
     def wait(self) -> None:
         self._sem.acquire()
+
+
+def signal() -> _SpinSignal | _SleepSignal:
+    """A one-shot signal between two threads whose waiter spins in C with the GIL released (sleeps where
+    there are no pthread spin locks): for threads that wait briefly while their core has nothing else to do."""
+    return _SpinSignal() if _SPIN is not None else _SleepSignal()
 
 
 _PARK = object()  # the job that sends a worker to sleep until the pool is next used
@@ -288,6 +294,17 @@ def using_threads(threads: int) -> Iterator[None]:
         _POOL.reset(token)
         if pool is not None:
             pool.leave()
+
+
+@contextlib.contextmanager
+def using_pool(pool: "ThreadPool | Any") -> Iterator[None]:
+    """Within the block, `parallel_for` and `intra_op_threads` in this thread answer from ``pool``: anything
+    with a ``threads`` count and a ``run(n, fn, parts)`` method (a concurrent stage's team is one)."""
+    token = _POOL.set(pool)
+    try:
+        yield
+    finally:
+        _POOL.reset(token)
 
 
 def intra_op_threads() -> int:

@@ -18,10 +18,9 @@ one nested in the pool's is.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import threading
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from . import parallel
 
@@ -35,7 +34,7 @@ def _signal() -> Any:
     halts an idle vCPU at once: more than a stage saves. Only threads of a
     running stage wait on these, while their core has nothing else to do.
     """
-    return parallel._SpinSignal() if parallel._SPIN is not None else parallel._SleepSignal()
+    return parallel.signal()
 
 
 class _Ranges:
@@ -159,14 +158,6 @@ def _idle_signal() -> Any:
     return signal
 
 
-@contextlib.contextmanager
-def _team_as_pool(team: Team) -> Iterator[None]:
-    # parallel_for and intra_op_threads read the pool of the running thread from parallel._POOL; a team
-    # answers them as a pool does (``threads``, ``run``). parallel.py could offer this as a public
-    # ``using_pool(pool)``; until then this is the one place minfer reaches past its API.
-    var: Any = parallel._POOL
-    token = var.set(team)
-    try:
-        yield
-    finally:
-        var.reset(token)
+def _team_as_pool(team: Team) -> Any:
+    """parallel_for and intra_op_threads inside a branch answer from the team, as from a pool."""
+    return parallel.using_pool(team)
