@@ -95,6 +95,7 @@ CASES = [
     ((6, 24, 5, 7), (40, 24, 1, 1), [0, 0, 0, 0], [1, 1]),    # small maps, batch: images share a GEMM
     ((5, 16, 9, 9), (24, 16, 1, 1), [0, 0, 0, 0], [2, 2]),    # the same, strided
     ((7, 8, 6, 5), (12, 8, 3, 3), [1, 0, 1, 2], [2, 1]),      # im2col over several images per GEMM
+    ((2, 8, 9, 30), (16, 8, 3, 3), [1, 1, 1, 1], [1, 1]),     # Winograd with long rows, few channels: channels first
 ]
 
 

@@ -251,12 +251,15 @@ def _conv_reference(x, w, pads):
     return y
 
 
+@pytest.mark.parametrize("last", [False, True])
 @pytest.mark.parametrize("shape,pads", [((2, 16, 13, 11), [1, 1, 1, 1]), ((1, 24, 12, 12), [0, 2, 1, 0]),
                                         ((1, 32, 20, 9), [0, 0, 0, 0])])
-def test_winograd_matches_float64_reference(monkeypatch, shape, pads):
-    """Winograd F(2x2,3x3) (odd sizes, asymmetric pads, several row blocks) is within rtol 1e-3 of float64."""
+def test_winograd_matches_float64_reference(monkeypatch, shape, pads, last):
+    """Winograd F(2x2,3x3) (odd sizes, asymmetric pads, several row blocks, channels first or last) is within
+    rtol 1e-3 of float64."""
     from minfer_ops_conv import conv, winograd
 
+    monkeypatch.setattr(winograd, "channels_last", lambda channels, tile_columns: last)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 16 * (shape[1] + 8) * 8 * 4 * 2)  # about two tile rows a block

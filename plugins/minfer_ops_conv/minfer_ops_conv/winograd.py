@@ -58,54 +58,103 @@ def applies(w: geo.Window, p) -> bool:
     return tiles >= MIN_TILES and min(p.out_channels, p.matrix.shape[2] // 9) >= MIN_CHANNELS
 
 
-def _input_transform(xp: np.ndarray, th: int, tw: int) -> np.ndarray:
-    """B^T d B for every 4x4 tile (stride 2) of padded planes xp (C, *images, 2*th + 2, 2*tw + 2).
+def _layout(name: str, images: int, dims: tuple[int, ...], channels: int, dtype: np.dtype, last: bool,
+            outer: int = 0) -> np.ndarray:
+    """Scratch seen as ([outer,] channels, images, *dims), laid out that way or with the channels last.
 
-    Returns (16, C, images * th * tw). The canvas's even and odd columns are split apart once, so that
-    every later step is one numpy binary op over contiguous rows: tile column j of tile t is even
-    column t (j = 0), odd t (1), even t + 1 (2) or odd t + 1 (3). B^T's rows are d0 - d2, d1 + d2,
-    d2 - d1 and d1 - d3, applied to rows first and then to columns.
+    Channels last, every transform step is a numpy op whose innermost loop runs over the channels. Channels
+    first, a 14x14 map's steps run over rows of 7-8 numbers, and numpy's per-row overhead made the input
+    transform of a 256-channel 14x14 map take 400 us (3.2x channels last). Channels last costs two
+    transposing copies (NCHW in and out), which lost on wide maps with few channels (64x224x224: 22.4 ms
+    against 18.9).
     """
-    lead = xp.shape[:-2]
+    lead = (outer,) if outer else ()
+    if not last:
+        return tiles.scratch(name, lead + (channels, images) + dims, dtype)
+    buf = tiles.scratch(name, lead + (images,) + dims + (channels,), dtype)
+    n = len(lead)
+    end = n + 1 + len(dims)
+    return buf.transpose(tuple(range(n)) + (end, n) + tuple(range(n + 1, end)))
+
+
+def channels_last(channels: int, tile_columns: int) -> bool:
+    """Whether to lay the transforms out channels last: unless rows are long and channels few (see _layout)."""
+    return tile_columns <= channels // 4
+
+
+def _input_transform(xp: np.ndarray, th: int, tw: int, last: bool) -> np.ndarray:
+    """B^T d B for every 4x4 tile (stride 2) of padded planes xp (C, images, 2*th + 2, 2*tw + 2).
+
+    Returns V: (16, images * th * tw, C) when ``last`` (xp is laid out channels last too), else
+    (16, C, images * th * tw). The canvas's even and odd columns are split apart once: tile column j of
+    tile t is even column t (j = 0), odd t (1), even t + 1 (2) or odd t + 1 (3). B^T's rows are d0 - d2,
+    d1 + d2, d2 - d1 and d1 - d3, applied to rows first and then to columns.
+    """
+    c, k = xp.shape[:2]
     dtype = xp.dtype
     halves = []
     for parity in (0, 1):
-        half = tiles.scratch(f"winograd-cols{parity}", lead + (xp.shape[-2], tw + 1), dtype)
+        half = _layout(f"winograd-cols{parity}", k, (xp.shape[-2], tw + 1), c, dtype, last)
         np.copyto(half, xp[..., parity : parity + 2 * tw + 1 : 2])
         halves.append(half)
     rows = []
     for parity, half in enumerate(halves):
         d = [half[..., i : i + 2 * th : 2, :] for i in range(4)]
-        r = tiles.scratch(f"winograd-rows{parity}", (4,) + lead + (th, tw + 1), dtype)
+        r = _layout(f"winograd-rows{parity}", k, (th, tw + 1), c, dtype, last, outer=4)
         np.subtract(d[0], d[2], out=r[0])
         np.add(d[1], d[2], out=r[1])
         np.subtract(d[2], d[1], out=r[2])
         np.subtract(d[1], d[3], out=r[3])
         rows.append(r)
-    v = tiles.scratch("winograd-v", (4, 4) + lead + (th, tw), dtype)
+    v = _layout("winograd-v", k, (th, tw), c, dtype, last, outer=16)
     even, odd = rows
     for a in range(4):
         e0, e1, o0, o1 = even[a][..., :tw], even[a][..., 1:], odd[a][..., :tw], odd[a][..., 1:]
-        np.subtract(e0, e1, out=v[a, 0])
-        np.add(o0, e1, out=v[a, 1])
-        np.subtract(e1, o0, out=v[a, 2])
-        np.subtract(o0, o1, out=v[a, 3])
-    return v.reshape(16, lead[0], -1)
+        np.subtract(e0, e1, out=v[4 * a])
+        np.add(o0, e1, out=v[4 * a + 1])
+        np.subtract(e1, o0, out=v[4 * a + 2])
+        np.subtract(o0, o1, out=v[4 * a + 3])
+    # the scratch's own layout: reshapes without a copy
+    return v.transpose(0, 2, 3, 4, 1).reshape(16, -1, c) if last else v.reshape(16, c, -1)
 
 
-def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int) -> None:
-    """A^T p A for every tile into y (M, *images, rows, ow): rows r and columns q of each 2x2 output tile.
+def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, last: bool) -> None:
+    """A^T p A for every tile into y (images, M, rows, ow), a view of the NCHW output.
 
-    A^T's rows are p0 + p1 + p2 and p1 - p2 - p3; the last sum of each output lands straight in its
-    stride-2 view of y (cropped where the output size is odd).
+    ``prod`` is (16, images * th * tw, M) when ``last``, else (16, M, images * th * tw). A^T's rows are
+    p0 + p1 + p2 and p1 - p2 - p3: applied to rows into scratch, then to columns into the tiles' 2x2 outputs.
     """
-    p = prod.reshape((4, 4) + y.shape[:-2] + (th, tw))
-    s = tiles.scratch("winograd-s", (2, 4) + p.shape[2:], prod.dtype)
+    k, m = y.shape[:2]
+    lead = (k, th, tw, m) if last else (m, k, th, tw)
+    p = prod.reshape((4, 4) + lead)
+    s = tiles.scratch("winograd-s", (2, 4) + lead, prod.dtype)
     np.add(p[0], p[1], out=s[0])
     s[0] += p[2]
     np.subtract(p[1], p[2], out=s[1])
     s[1] -= p[3]
-    o = tiles.scratch("winograd-o", p.shape[2:], prod.dtype)
+    if last:
+        _columns_last(s, y, th, tw)
+    else:
+        _columns_first(s, y.transpose(1, 0, 2, 3))
+
+
+def _columns_last(s: np.ndarray, y: np.ndarray, th: int, tw: int) -> None:
+    """Channels last: the 2x2 outputs assembled in scratch, then one transposing copy into y's NCHW rows."""
+    k, m = y.shape[:2]
+    z = tiles.scratch("winograd-z", (k, th, 2, tw, 2, m), s.dtype)
+    for r in range(2):
+        t = s[r]
+        np.add(t[0], t[1], out=z[:, :, r, :, 0])
+        z[:, :, r, :, 0] += t[2]
+        np.subtract(t[1], t[2], out=z[:, :, r, :, 1])
+        z[:, :, r, :, 1] -= t[3]
+    np.copyto(y, z.reshape(k, 2 * th, 2 * tw, m)[:, : y.shape[2], : y.shape[3]].transpose(0, 3, 1, 2))
+
+
+def _columns_first(s: np.ndarray, y: np.ndarray) -> None:
+    """Channels first: each output's last sum lands straight in its stride-2 view of y (M, images, rows, ow),
+    cropped where the output size is odd."""
+    o = tiles.scratch("winograd-o", s.shape[2:], s.dtype)
     for r in range(2):
         rows = y[..., r::2, :]
         if rows.shape[-2] == 0:
@@ -150,25 +199,31 @@ def plan(w: geo.Window, budget: int | None = None):
         n, c, h, wd = x.shape
         u = p.winograd_weights()
         bands = tiles_for(x, p)
+        last = channels_last(c, tw)
 
         def band(t: Tile) -> None:
             t0, t1, k = t.r0, t.r1, t.images
-            # zero canvas holding this band's input tiles, channels first so that the transformed tiles of
-            # all its images form one GEMM operand; x sits at the leading pad offsets
-            xp = tiles.scratch("winograd-canvas", (c, k, m * (t1 - t0) + 2, m * tw + 2), x.dtype)
+            # zero canvas holding this band's input tiles, images after channels (see _layout) so that the
+            # transformed tiles of all its images form one GEMM operand; x sits at the leading pad offsets
+            xp = _layout("winograd-canvas", k, (m * (t1 - t0) + 2, m * tw + 2), c, x.dtype, last)
             top = m * t0 - bh  # input row at canvas row 0
             lo, hi = max(0, top), min(h, top + xp.shape[2])
             right = min(wd, m * tw + 2 - bw)
-            xp[...] = 0
+            (xp.transpose(1, 2, 3, 0) if last else xp)[...] = 0  # in memory order: one contiguous fill
             if hi > lo:
                 xp[:, :, lo - top : hi - top, bw : bw + right] = \
                     x[t.image : t.image + k, :, lo:hi, :right].transpose(1, 0, 2, 3)
-            v = _input_transform(xp, t1 - t0, tw)
-            prod = tiles.scratch("winograd-prod", (v.shape[0], t.m1 - t.m0, v.shape[2]), x.dtype)
-            for j in range(v.shape[0]):
-                np.matmul(u[j, t.m0 : t.m1], v[j], out=prod[j])
-            target = y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1].transpose(1, 0, 2, 3)
-            _output_transform(prod, target, t1 - t0, tw)
+            v = _input_transform(xp, t1 - t0, tw, last)
+            weights = u[:, t.m0 : t.m1]
+            if last:  # prod[j] = V[j] @ U[j]^T: (tiles, C) @ (C, M'), channels last for the output transform too
+                prod = tiles.scratch("winograd-prod", (16, v.shape[1], t.m1 - t.m0), x.dtype)
+                for j in range(16):
+                    np.matmul(v[j], weights[j].T, out=prod[j])
+            else:
+                prod = tiles.scratch("winograd-prod", (16, t.m1 - t.m0, v.shape[2]), x.dtype)
+                for j in range(16):
+                    np.matmul(weights[j], v[j], out=prod[j])
+            _output_transform(prod, y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1], t1 - t0, tw, last)
             finish(y, t._replace(r0=m * t0, r1=min(oh, m * t1)), bias, epilogue)
 
         run_tiles(bands, band)
