@@ -295,14 +295,14 @@ class _Depthwise:
         if TRY_SPLIT and 1 < threads and n < threads and self._macs(n, c) >= MIN_TRY_SPLIT_MACS:
             choices += [self._cut(ch.layout, n, c, work.itemsize, threads, split=ch.parts == 1) for ch in choices]
         best, best_time = choices[0], float("inf")
-        for choice in choices:
-            for _ in range(3):
-                start = time.perf_counter()
-                self._run(choice, x, p, y, None, None, work)
-                # a split must win clearly: inside a model the other thread wakes up slower than here
-                took = (time.perf_counter() - start) * (SPLIT_HANDICAP if choice.parts > 1 else 1)
-                if took < best_time:
-                    best, best_time = choice, took
+        # round-robin, so a burst of load from elsewhere on the machine hits every candidate alike
+        for choice in [ch for _ in range(3) for ch in choices]:
+            start = time.perf_counter()
+            self._run(choice, x, p, y, None, None, work)
+            # a split must win clearly: inside a model the other thread wakes up slower than here
+            took = (time.perf_counter() - start) * (SPLIT_HANDICAP if choice.parts > 1 else 1)
+            if took < best_time:
+                best, best_time = choice, took
         # the losers' zero-bordered buffers (other layouts, other block sizes) would stay cached for nothing
         # (shufflenet b1: 4 MB)
         kept = {(best.layout, c1 - c0) for _, c0, c1 in best.units}
