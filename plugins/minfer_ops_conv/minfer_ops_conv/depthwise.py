@@ -307,7 +307,8 @@ class _Depthwise:
         # (shufflenet b1: 4 MB)
         kept = {(best.layout, c1 - c0) for _, c0, c1 in best.units}
         for pool in list(_all_padded):
-            for key in [k for k in pool if k[:2] not in kept and k[3:] == self._key]:
+            # list(pool) copies the keys in one step under the GIL: another thread may be adding to its pool
+            for key in [k for k in list(pool) if k[:2] not in kept and k[3:] == self._key]:
                 pool.pop(key, None)
         if best.parts == 1 and any(ch.parts > 1 for ch in choices):
             # a losing split grew the other threads' scratch (shufflenet b1: 4.5 MB more peak memory); a
