@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from minfer_core.parallel import using_threads
-from minfer_ops_conv import conv, winograd
+from minfer_ops_conv import conv, tuner, winograd
 from minfer_ops_conv.tiles import CHANNEL_ALIGN, MIN_COLUMNS, MIN_SPLIT_MACS, SPLIT, cut
 
 
@@ -162,8 +162,8 @@ def test_tuner_times_one_plan_per_distinct_tiling():
     win = conv.geo.window((56, 56), (1, 1), clamp_same=True)
     plans = conv.candidates(win, p, 64)
     assert len(plans) == 2
-    assert conv._distinct(plans, np.empty((1, 64, 56, 56), np.float32), p) == plans[:1]
-    assert conv._distinct(plans, np.empty((8, 64, 56, 56), np.float32), p) == plans
+    assert tuner.distinct(plans, np.empty((1, 64, 56, 56), np.float32), p) == plans[:1]
+    assert tuner.distinct(plans, np.empty((8, 64, 56, 56), np.float32), p) == plans
     calls = []
 
     def counted(plan):

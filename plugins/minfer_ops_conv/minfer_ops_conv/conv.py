@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from typing import Callable
 
 import attrs
 import numpy as np
 
-from minfer_core import intra_op_threads, kernel, parallel_for
+from minfer_core import kernel, parallel_for
 
 from . import _geometry as geo
 from . import depthwise, winograd
 from .tiles import SPLIT, Epilogue, Tile, cut, finish, run_tiles, scratch
+from .tuner import Tuned
 
 
 @attrs.define(eq=False)
@@ -45,6 +45,10 @@ class Packed:
             w = self.matrix.reshape((self.out_channels, -1) + self.kernel)
             self._winograd = winograd.transform_weights(w)
         return self._winograd
+
+    def weights(self, with_bias: bool) -> np.ndarray:
+        """The GEMM's left operand: ``biased`` (its last column the bias) when asked for and held, else ``matrix``."""
+        return self.biased if with_bias and self.biased is not None else self.matrix
 
     @property
     def has_winograd_weights(self) -> bool:
@@ -179,7 +183,7 @@ def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
                 np.copyto(ops[:c].reshape(c, t.images, t.r1 - t.r0, row_len), src.transpose(1, 0, 2, 3))
                 if fold:
                     ops[c] = 1
-                _gemm_images(p.biased if fold else p.matrix, ops.reshape(c + fold, -1), y, t, row_len)
+                _gemm_images(p.weights(fold), ops.reshape(c + fold, -1), y, t, row_len)
                 finish(y, t, None if fold else bias, epilogue)
                 return
             src = cols[t.image, _groups(p, t) if g > 1 else slice(None), :, t.r0 : t.r1]
@@ -278,7 +282,7 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
                 np.copyto(dst, np.moveaxis(slabs, 0, -spatial - 1))
                 if fold:
                     cols[k] = 1
-                _gemm_images(p.biased if fold else p.matrix, cols.reshape(k + fold, -1), y, t, row_len)
+                _gemm_images(p.weights(fold), cols.reshape(k + fold, -1), y, t, row_len)
                 finish(y, t, None if fold else bias, epilogue)
                 return
             channels = slice(None) if g == 1 else slice(t.m0 // mg * per_group, t.m1 // mg * per_group)
@@ -308,70 +312,6 @@ def candidates(w: geo.Window, p: Packed, channels: int) -> list[Plan]:
 
 # MINFER_CONV_TUNE=0: always take the first candidate (reproducible method choice, no timing at first run)
 TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
-# the tuner times every candidate this many times, round by round (a passing slowdown of this shared machine
-# then hits all of them alike), and keeps the best time of each. Two back-to-back runs per candidate chose a
-# method 0.15-0.25 ms slower than the best on 6 of resnet50's 53 layers at batch 1 (0.9 ms over the model).
-TUNE_ROUNDS = 3
-
-
-def _distinct(plans: list[Plan], x: np.ndarray, p: Packed) -> list[Plan]:
-    """The plans less those that would cut this input into the same tiles as an earlier plan of their method.
-
-    At batch 1 both tile budgets give the same tiles for most layers: timing one of them is enough.
-    """
-    seen: set[tuple[object, ...]] = set()
-    kept = []
-    for plan in plans:
-        tiling = getattr(plan, "tiling", None)
-        key = (getattr(plan, "__qualname__", ""), tuple(tiling(x, p))) if tiling is not None else (id(plan),)
-        if key not in seen:
-            seen.add(key)
-            kept.append(plan)
-    return kept
-
-
-class Tuned:
-    """A plan that times its candidate methods on this input shape and keeps the fastest, per thread count.
-
-    The first call with a thread count runs every candidate `TUNE_ROUNDS` times into the output (with the
-    bias, which each run adds to its own fresh result, but no epilogue: that must be applied once) and keeps
-    the quickest by its best time, then computes the real result with it. Which method wins depends on the shape, the BLAS and the cores: Winograd's 2.25x fewer
-    multiplies lost to im2col on resnet50's batch-1 layers here (its GEMMs are too narrow on 14x14 and
-    7x7 maps) and won on vgg19's 28x28 ones by 2x. ``settled`` is called after each choice.
-    """
-
-    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None) -> None:
-        self.plans = plans
-        self.choice: dict[int, Plan] = {}
-        self.settled = settled
-
-    def __call__(self, x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None,
-                 epilogue: Epilogue | None) -> None:
-        threads = intra_op_threads()
-        plan = self.choice.get(threads)
-        if plan is None:
-            plan = self.choice[threads] = self._fastest(x, p, y, bias)
-            if self.settled is not None:
-                self.settled()
-        plan(x, p, y, bias, epilogue)
-
-    def _fastest(self, x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None = None) -> Plan:
-        plans = _distinct(self.plans, x, p)
-        if len(plans) == 1:
-            return plans[0]
-        best = [float("inf")] * len(plans)
-        for _ in range(TUNE_ROUNDS):
-            for i, plan in enumerate(plans):
-                start = time.perf_counter()
-                plan(x, p, y, bias, None)
-                best[i] = min(best[i], time.perf_counter() - start)
-        return plans[best.index(min(best))]
-
-    @property
-    def chosen(self) -> list[Plan]:
-        return list(self.choice.values())
-
-
 def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None] | None = None) -> Plan:
     """The method for this weight and input geometry, chosen once per shape (by timing, when several apply)."""
     plans = candidates(w, p, channels)

@@ -229,5 +229,6 @@ def plan(w: geo.Window, budget: int | None = None):
         run_tiles(bands, band)
 
     run.tiling = tiles_for  # type: ignore[attr-defined]
-    run.winograd = True  # type: ignore[attr-defined]  (the conv drops Winograd weights no chosen plan uses)
+    # the conv drops the Winograd weights when no chosen plan uses them
+    run.winograd = True  # type: ignore[attr-defined]
     return run
