@@ -108,6 +108,7 @@ def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads,
     ``folded``: the bias was packed with the weights, so the methods that copy their operand add it in the GEMM.
     """
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "MIN_OUT_CHANNELS", 1)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr("minfer_ops_conv.tiles.MIN_SPLIT_MACS", 1)  # split even these small convs
     rng = np.random.default_rng(sum(xs) + sum(ws))
@@ -242,3 +243,11 @@ def test_grouped_convs_split_by_group(monkeypatch, threads, xs, ws, group, pads,
     if threads == 2:
         tiles = conv._grouped_tiles(xs[0], p, want.shape[2], 10**9)
         assert len({(t.m0, t.m1) for t in tiles}) == min(group, 2 if xs[0] == 1 else 1)
+
+
+@pytest.mark.parametrize("c,m,eligible", [(128, 32, True), (64, 64, True), (16, 64, False), (128, 16, False)])
+def test_winograd_is_a_candidate_from_64_input_and_32_output_channels(c, m, eligible):
+    """Few output channels still pay for Winograd's transforms (densenet's 128 -> 32); few input channels do not."""
+    win = conv.geo.window((28, 28), (3, 3), pads=[1, 1, 1, 1], clamp_same=True)
+    plans = conv.candidates(win, conv.pack(np.ones((m, c, 3, 3), np.float32), 1, build_time=True), c)
+    assert any(getattr(plan, "winograd", False) for plan in plans) is eligible

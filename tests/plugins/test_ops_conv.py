@@ -262,6 +262,7 @@ def test_winograd_matches_float64_reference(monkeypatch, shape, pads, last):
     monkeypatch.setattr(winograd, "channels_last", lambda channels, tile_columns: last)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr(winograd, "MIN_CHANNELS", 1)
+    monkeypatch.setattr(winograd, "MIN_OUT_CHANNELS", 1)
     monkeypatch.setattr(winograd, "BLOCK_BYTES", 16 * (shape[1] + 8) * 8 * 4 * 2)  # about two tile rows a block
     rng = np.random.default_rng(0)
     x = rng.standard_normal(shape).astype(np.float32)
