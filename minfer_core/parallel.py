@@ -97,6 +97,7 @@ def signal() -> _SpinSignal | _SleepSignal:
 
 
 _PARK = object()  # the job that sends a worker to sleep until the pool is next used
+_callers = threading.local()  # .saved: the CPU sets of this thread before the pools it entered pinned it
 
 
 class ThreadPool:
@@ -189,9 +190,16 @@ class ThreadPool:
 
     def enter(self) -> None:
         """A run starts using the pool. The workers are woken by its first `run` (a run with nothing to
-        split pays nothing) and spin for work from then on until the last user leaves."""
+        split pays nothing) and spin for work from then on until the last user leaves.
+
+        The calling thread is pinned to the CPU it is on until it leaves: the workers are kept off that
+        CPU, and a caller that moved onto a spinning worker's CPU (Linux wakes a thread on its waker's
+        CPU) would spin there waiting for a worker that cannot run until the next scheduler tick
+        (measured: a 0.5 ms conv took 4-12 ms after a pause, in multiples of ~4 ms).
+        """
         with self._users_lock:
             self._users += 1
+        self._pin_caller()
 
     def leave(self) -> None:
         """A run stops using the pool: the last one out sends awake workers to sleep (and waits until they are)."""
@@ -204,6 +212,27 @@ class ThreadPool:
                     go.post()
                 for done in self._done:
                     done.wait()
+        self._unpin_caller()
+
+    def _pin_caller(self) -> None:
+        saved = None
+        if self.threads > 1 and len(self._cpus) > 1:
+            try:
+                saved = os.sched_getaffinity(0)
+                os.sched_setaffinity(0, {self._where()})  # type: ignore[misc]
+            except OSError:  # not allowed here: leave placement to the scheduler
+                saved = None
+        stack = _callers.__dict__.setdefault("saved", [])
+        stack.append(saved)
+
+    def _unpin_caller(self) -> None:
+        stack = _callers.__dict__.get("saved")
+        saved = stack.pop() if stack else None
+        if saved is not None:
+            try:
+                os.sched_setaffinity(0, saved)
+            except OSError:
+                pass
 
     def _wake_workers(self) -> None:
         with self._users_lock:

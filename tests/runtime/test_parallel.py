@@ -118,6 +118,22 @@ def test_pool_used_directly_wakes_and_parks_its_workers():
     assert _cpu_seconds_while_idle(0.2) < 0.05
 
 
+def test_a_run_pins_its_thread_and_restores_it():
+    """While a run uses a pool its thread stays on one CPU (the workers are kept off it); after, as before."""
+    import os
+
+    if not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: nothing to pin")
+    before = os.sched_getaffinity(0)
+    with using_threads(2):
+        inside = os.sched_getaffinity(0)
+        with using_threads(2):
+            nested = os.sched_getaffinity(0)
+        assert os.sched_getaffinity(0) == inside
+    assert len(inside) == 1 and nested == inside
+    assert os.sched_getaffinity(0) == before
+
+
 def test_pool_needs_a_thread():
     with pytest.raises(ValueError):
         ThreadPool(0)
