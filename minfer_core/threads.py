@@ -71,9 +71,7 @@ class AutoThreads:
     """
 
     def __init__(self, max_threads: int | None = None, *, interval: float = 0.05, busy: float = 0.5) -> None:
-        import os
-
-        self.max_threads = max_threads or os.cpu_count() or 1
+        self.max_threads = max_threads or _usable_cpus()
         self.interval = interval
         self.busy = busy
         self.others = 0.0  # cores other processes kept busy, smoothed
@@ -98,6 +96,16 @@ class AutoThreads:
             self.choice = 1 if self.others > self.busy else self.max_threads
         self._last = (now, busy, own)
         return self.choice
+
+
+def _usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, e.g. under taskset or a cpuset), else the count."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def _cpu_sample() -> tuple[float, float] | None:

@@ -134,6 +134,25 @@ def test_a_run_pins_its_thread_and_restores_it():
     assert os.sched_getaffinity(0) == before
 
 
+def test_the_pool_spins_only_with_a_cpu_per_thread(monkeypatch):
+    """Two spinning threads on one CPU wait for each other until a scheduler tick: such pools sleep instead."""
+    import os
+
+    from minfer_core import parallel
+
+    if parallel._SPIN is None or not hasattr(os, "sched_getaffinity"):
+        pytest.skip("no pthread spin locks or affinity masks here")
+    cpus = len(os.sched_getaffinity(0))
+    assert ThreadPool(cpus + 1).spins is False
+    assert ThreadPool(cpus).spins is True
+    monkeypatch.setenv("MINFER_POOL_SPIN", "0")
+    pool = ThreadPool(2)
+    assert pool.spins is False
+    seen: list[tuple[int, int]] = []
+    pool.run(4, lambda lo, hi: seen.append((lo, hi)), parts=2)  # the sleeping waits still work
+    assert sorted(seen) == [(0, 2), (2, 4)]
+
+
 def test_pool_needs_a_thread():
     with pytest.raises(ValueError):
         ThreadPool(0)
