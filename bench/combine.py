@@ -1,0 +1,86 @@
+"""Medians over several `bench.benchmark` runs: on a shared machine one run's figures move by 10-20%.
+
+    .venv/bin/python -m bench.combine bench/results/run1.json bench/results/run2.json bench/results/run3.json
+
+Reads each run's JSON (or its markdown table) and prints, per model and
+batch, the median of minfer's and onnxruntime's times, the median of the
+per-run ratios (each run measured both engines in alternating rounds, so a
+run's ratio is the fairer figure), the spread of those ratios, and the
+geo-means over the nine light models.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench.models import LIGHT
+
+COLUMNS = {"minfer ms": "minfer_ms", "ORT ms": "ort_ms", "minfer/ORT": "minfer_over_ort", "ref/minfer": "ref_over_minfer"}
+
+
+def load(path: str) -> list[dict[str, Any]]:
+    """The rows of one run: from its JSON, or parsed from its markdown table."""
+    text = Path(path).read_text()
+    if path.endswith(".json"):
+        data = json.loads(text)
+        return data["rows"] if isinstance(data, dict) else data
+    lines = [line for line in text.splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    rows = []
+    for line in lines[2:]:
+        cells = dict(zip(header, (c.strip() for c in line.strip("|").split("|"))))
+        row: dict[str, Any] = {"model": cells["model"], "batch": int(cells["b"])}
+        for column, key in COLUMNS.items():
+            value = cells.get(column, "-")
+            if value not in ("-", ""):
+                row[key] = float(value)
+        rows.append(row)
+    return rows
+
+
+def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    keyed: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for rows in runs:
+        for row in rows:
+            keyed.setdefault((row["model"], row["batch"]), []).append(row)
+    out = []
+    for (model, batch), rows in sorted(keyed.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        ratios = [r["minfer_over_ort"] for r in rows]
+        out.append({"model": model, "batch": batch, "runs": len(rows),
+                    "minfer_ms": statistics.median(r["minfer_ms"] for r in rows),
+                    "ort_ms": statistics.median(r["ort_ms"] for r in rows),
+                    "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+                    "ref_over_minfer": statistics.median(r["ref_over_minfer"] for r in rows if "ref_over_minfer" in r)
+                    if any("ref_over_minfer" in r for r in rows) else None})
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.combine")
+    parser.add_argument("runs", nargs="+", help="bench.benchmark results (.json, or the .md table)")
+    args = parser.parse_args(argv)
+    rows = combine([load(p) for p in args.runs])
+    print(f"medians over {len(args.runs)} runs\n")
+    print("| model | b | minfer ms | ORT ms | minfer/ORT (median) | range over runs | ref/minfer |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        ref = f"{r['ref_over_minfer']:.1f}" if r["ref_over_minfer"] else "-"
+        print(f"| {r['model']} | {r['batch']} | {r['minfer_ms']:.1f} | {r['ort_ms']:.1f} | {r['ratio']:.2f} | "
+              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {ref} |")
+    for batch in sorted({r["batch"] for r in rows}):
+        light = [r["ratio"] for r in rows if r["batch"] == batch and r["model"] in LIGHT]
+        if light:
+            geo = math.exp(sum(map(math.log, light)) / len(light))
+            print(f"\nbatch {batch}: geo-mean of the median ratios over {len(light)} light models {geo:.2f}, "
+                  f"worst {max(light):.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
