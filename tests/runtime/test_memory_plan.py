@@ -5,7 +5,6 @@ from __future__ import annotations
 import tracemalloc
 
 import numpy as np
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from onnx import TensorProto, helper
@@ -15,17 +14,9 @@ from minfer_core import InferenceSession, hookimpl
 from minfer_core.memory import Block, align, live_set_bytes, place
 
 from . import outkernels as ok
-from .outkernels import OutPlugin, node
+from .outkernels import node
 
 N = 128  # activations of 128x128 float32 = 64 KiB
-
-
-@pytest.fixture
-def out_plugin(minfer_plugin):
-    minfer_plugin(OutPlugin())
-    ok.SEEN_OUT.clear()
-    yield
-    ok.SEEN_OUT.clear()
 
 
 def _bias(name: str = "b", value: float = 0.5):

@@ -16,7 +16,7 @@ from minfer_core.sharing import Team
 from minfer_core.stages import Calibration, Stage, choose, producers, split
 
 from . import outkernels as ok
-from .outkernels import OutPlugin, node
+from .outkernels import node
 
 N = 64
 
@@ -231,14 +231,6 @@ def test_a_failing_kernel_in_a_branch_names_its_node(minfer_plugin):
 
 
 # ---- memory plan -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def out_plugin(minfer_plugin):
-    minfer_plugin(OutPlugin())
-    ok.SEEN_OUT.clear()
-    yield
-    ok.SEEN_OUT.clear()
 
 
 def _two_branch_out_model():
