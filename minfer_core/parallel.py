@@ -125,7 +125,7 @@ class ThreadPool:
     40-80 us more than half the serial call when both sides slept on a
     queue (every hand-over woke a halted vCPU), 15-27 us when the waits
     polled with sched_yield in Python (the GIL went back and forth), and
-    4-7 us with the spin in C. What remains is the GIL the worker needs to
+    5-12 us with the spin in C. What remains is the GIL the worker needs to
     start its Python part. While a run is on, an idle worker keeps its core
     busy, as onnxruntime's and OpenBLAS's threads do; the engine's ``auto``
     thread count uses one thread when other processes want the cores. The
@@ -137,7 +137,8 @@ class ThreadPool:
     Linux often wakes a worker on its waker's CPU (cache affinity) and
     leaves it there for hundreds of milliseconds while the other core idles:
     measured here, a 2-way split GEMM then ran at 1-thread speed in one
-    block of runs out of three. The calling thread is never pinned.
+    block of runs out of three. The calling thread stays on its CPU for as
+    long as it uses the pool (`enter`) and gets its CPU set back after.
     """
 
     def __init__(self, threads: int) -> None:
