@@ -175,12 +175,18 @@ def _product(lists: list[list[int]]) -> list[tuple[int, ...]]:
 _local = threading.local()
 
 
+def _thread_pool(attr: str, registry: list[dict]) -> dict:
+    """This thread's buffer dict ``attr``, made (and listed in ``registry``, to be trimmed from any thread) once."""
+    pool = _local.__dict__.get(attr)
+    if pool is None:
+        pool = _local.__dict__[attr] = {}
+        registry.append(pool)
+    return pool
+
+
 def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
     """A per-thread reusable flat buffer (contents undefined), grown to the largest size asked."""
-    pool = _local.__dict__.get("scratch")
-    if pool is None:
-        pool = _local.scratch = {}
-        _all_scratch.append(pool)
+    pool = _thread_pool("scratch", _all_scratch)
     buf = pool.get(name)
     if buf is None or buf.nbytes < size * dtype.itemsize:
         buf = pool[name] = np.empty(max(size * dtype.itemsize, 64), dtype=np.uint8)
@@ -193,10 +199,7 @@ _all_scratch: list[dict[str, np.ndarray]] = []  # every thread's scratch pool
 
 def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
     """A zeroed buffer per thread and key: callers only write its interior, so its borders stay zero."""
-    pool = _local.__dict__.get("padded")
-    if pool is None:
-        pool = _local.padded = {}
-        _all_padded.append(pool)
+    pool = _thread_pool("padded", _all_padded)
     buf = pool.get(key)
     if buf is None:
         if sum(b.nbytes for b in pool.values()) + size * dtype.itemsize > PADDED_BYTES:
