@@ -23,7 +23,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, onnx_op, op, same_as_input
-from .parallel import intra_op_threads, parallel_for
+from .parallel import intra_op_threads, parallel_for, spmd
 from .tensor import Dim, Tensor, TensorType
 
 __version__ = "0.1.0"
@@ -93,6 +93,7 @@ __all__ = [
     "parallel_for",
     "same_as_input",
     "save_model",
+    "spmd",
     "to_model_proto",
     "use_plugins",
 ]

@@ -24,8 +24,10 @@ from .memory import align
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection, optimize
 from .plan import Plan, PlanInput, Step, StepSpec, bind_buffers, build_plan
-from .runloop import StepFailure, execute, execute_observed, execute_staged, execute_timed, execute_watching
-from .parallel import get_pool, using_threads
+from . import procs
+from .runloop import (StepFailure, execute, execute_observed, execute_staged, execute_team, execute_timed,
+                      execute_watching)
+from .parallel import get_pool, using_pool, using_threads
 from .stages import SEQUENTIAL_RUNS, Calibration, Item, Stage, choose, compose, producers
 from .threads import AutoThreads, set_blas_threads
 from .plugins import Registry, active_registry, get_registry, provider_hint
@@ -54,6 +56,7 @@ def _node_arg(name: str, t: TensorType | None) -> NodeArg:
 
 MAX_PLANS = 64  # input-shape signatures whose plans stay cached
 INTER_OP = ("auto", "always", "never")
+PARALLEL = ("threads", "processes")
 
 
 class Engine:
@@ -91,8 +94,14 @@ class Engine:
         provider: str = DEFAULT_PROVIDER,
         threads: int | str | None = "auto",
         inter_op: str | None = None,
+        parallel: str | None = None,
     ) -> None:
         self.registry = registry or get_registry()
+        # how kernels split their work: over Python threads, or over this process and a forked worker
+        # (procs.py). The default comes from MINFER_PARALLEL, else "threads".
+        self.parallel = parallel or os.environ.get("MINFER_PARALLEL", "threads")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"parallel must be one of {PARALLEL}, not {self.parallel!r}")
         self.inter_op = inter_op or os.environ.get("MINFER_INTER_OP", "never")
         if self.inter_op not in INTER_OP:
             raise ValueError(f"inter_op must be one of {INTER_OP}, not {self.inter_op!r}")
@@ -150,6 +159,10 @@ class Engine:
                 template[self.slots[name]] = None
                 self.released.append(name)
         self._template = template
+        for value in template:
+            if isinstance(value, np.ndarray):
+                procs.freeze(value)  # initializers: a process team's worker has them as they are
+        procs.state_changed()
         self._free_after = self._liveness(order)
         self.steps: list[Step] = [
             (sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free) for sp, free in zip(self.specs, self._free_after)
@@ -169,6 +182,8 @@ class Engine:
         self._staged: dict[Signature, tuple[list[Item], list[int]]] = {}  # the staged loop (stages.compose)
         self._pending: dict[Signature, PlanInput] = {}  # signatures still timing their stages: how to re-plan
         self._calibrations: dict[Signature, Calibration] = {}
+        self._shared: dict[Signature, procs.Dispatch] = {}  # per bound step: does a process team share it
+        self._feed_stage: dict[int, np.ndarray] = {}  # per input slot: shared memory its feed is copied to
         self._arena = np.empty(0, dtype=np.uint8)
         self._arena_lock = threading.Lock()
         self._last: Signature | None = None
@@ -229,21 +244,33 @@ class Engine:
         want = self._auto.choose() if self._auto is not None else self.threads if isinstance(self.threads, int) else None
         # kernels split their own work over ``want`` threads (parallel.py); numpy's BLAS runs one thread per call
         previous = set_blas_threads(1) if want else None
+        team = None
+        if self.parallel == "processes" and want and want >= 2 and not intermediate and not observers:
+            team = procs.team()
+            if team is not None and not team.begin():
+                team = None
         try:
+            if team is not None:
+                # steps the worker does not share run here alone, seeing the team's thread count (see SoloPool)
+                with using_pool(team.solo):
+                    return self._run_threaded(names, feeds, intermediate, observers, vals, sig, 2, team)
             with using_threads(want or 1):
                 return self._run_threaded(names, feeds, intermediate, observers, vals, sig, want or 1)
         finally:
+            if team is not None:
+                team.end()
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
     def _run_threaded(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any],
-                      vals: list[Any], sig: Signature, threads: int) -> Any:
+                      vals: list[Any], sig: Signature, threads: int, team: procs.Team | None = None) -> Any:
         if intermediate:
             self._execute(vals, self._unfreed, observers)
             outputs = [self._owned(vals, self.slots[n], feeds) for n in names]
             return outputs, {name: vals[slot] for name, slot in self.slots.items() if vals[slot] is not None}
-        self._run_signature(sig, vals, observers, threads)
-        return [self._owned(vals, self.slots[n], feeds) for n in names]
+        staged: dict[int, np.ndarray] = {}
+        self._run_signature(sig, vals, observers, threads, team, staged)
+        return [self._owned(vals, self.slots[n], feeds, staged) for n in names]
 
     def _alias_sources(self, order: list[Node], kernels: list[Kernel]) -> dict[int, tuple[int, ...]]:
         """Per graph-output slot, the feed and initializer slots its value may be a view of.
@@ -262,11 +289,13 @@ class Engine:
                 reach.update((o, sources) for o in node.outputs if o)
         return {self.slots[o]: tuple(self.slots[s] for s in sorted(reach[o])) for o in graph.outputs if o in reach}
 
-    def _owned(self, vals: list[Any], slot: int, feeds: Mapping[str, Any]) -> Any:
+    def _owned(self, vals: list[Any], slot: int, feeds: Mapping[str, Any],
+               staged: Mapping[int, np.ndarray] | None = None) -> Any:
         """The output in ``slot``, copied if it shares memory with a feed or an initializer.
 
         Otherwise writing into a returned array would change the caller's
-        input, or the model's weights for every later run.
+        input, or the model's weights for every later run. ``staged``: feeds
+        this run read from shared memory (procs.py), which the next run overwrites.
         """
         value = vals[slot]
         for source in self._output_sources.get(slot, ()):
@@ -274,9 +303,13 @@ class Engine:
             owner = feeds[name] if name in feeds else self._template[source]
             if owner is not None and np.may_share_memory(value, owner):
                 return np.array(value, copy=True)
+            copy = staged.get(source) if staged else None
+            if copy is not None and np.may_share_memory(value, copy):
+                return np.array(value, copy=True)
         return value
 
-    def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any], threads: int) -> None:
+    def _run_signature(self, sig: Signature, vals: list[Any], observers: Sequence[Any], threads: int,
+                       team: procs.Team | None = None, staged: dict[int, np.ndarray] | None = None) -> None:
         if not self._arena_lock.acquire(blocking=False):
             # another thread is running through the arena: this run takes fresh memory instead of waiting
             self._execute(vals, self.steps, observers)
@@ -285,6 +318,8 @@ class Engine:
             steps = self._bound.get(sig)
             if steps is None:
                 self._discover(sig, vals, observers)
+            elif team is not None:
+                self._execute_team(sig, vals, steps, team, staged if staged is not None else {})
             elif observers or threads < 2:  # observers see the nodes one at a time, in order
                 self._execute(vals, steps, observers)
             elif sig in self._pending:
@@ -323,13 +358,15 @@ class Engine:
         elif self.inter_op == "auto" and self._branchy and self.threads not in (1, None):
             self._pending[sig] = inp
         self._install(sig, build_plan(inp), list(inp.stages), None)
+        procs.state_changed()  # kernels made their first-call choices (the conv tuner's) in this run
         while len(self._plans) > MAX_PLANS:  # evict the oldest signature; its types go with it
             old = next(iter(self._plans))
             for cache in self._signature_caches():
                 cache.pop(old, None)
 
     def _signature_caches(self) -> tuple[dict[Signature, Any], ...]:
-        return (self._plans, self._bound, self._types, self._stages, self._staged, self._pending, self._calibrations)
+        return (self._plans, self._bound, self._types, self._stages, self._staged, self._pending, self._calibrations,
+                self._shared)
 
     def _install(self, sig: Signature, plan: Plan, stages: list[Stage], cost: list[float] | None) -> None:
         """Make ``plan`` the signature's plan, with ``stages`` run concurrently (branches ordered by ``cost``)."""
@@ -339,15 +376,19 @@ class Engine:
             # the first run's arrays are freed, but glibc keeps much of that heap: hand it back before the
             # arena comes on top of it (peak: squeezenet b8 83 -> 58 MB, densenet121 b8 190 -> 125)
             _trim_heap()
-            # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing
-            self._arena = np.empty(align(plan.arena_bytes), dtype=np.uint8)
+            # grow-only: every cached plan indexes the same arena, so alternating shapes allocate nothing.
+            # A process team's worker must see it: then it is shared memory.
+            size = align(plan.arena_bytes)
+            self._arena = procs.shared_empty(size) if self.parallel == "processes" else np.empty(size, dtype=np.uint8)
             self._bound = {s: bind_buffers(p, self._arena) for s, p in self._plans.items()}
+            self._shared = {s: procs.Dispatch(_shareable(b)) for s, b in self._bound.items()}
             self._staged.clear()
             for s, (st, c) in self._stages.items():
                 if st:
                     self._staged[s] = compose(self._bound[s], st, c)
         else:
             self._bound[sig] = bind_buffers(plan, self._arena)
+            self._shared[sig] = procs.Dispatch(_shareable(self._bound[sig]))
             self._staged.pop(sig, None)
             if stages:
                 self._staged[sig] = compose(self._bound[sig], stages, cost)
@@ -401,6 +442,39 @@ class Engine:
                 execute(vals, steps)
         except StepFailure as failure:
             raise self._failure(failure) from failure.__cause__
+
+    def _execute_team(self, sig: Signature, vals: list[Any], steps: list[Step], team: procs.Team,
+                      staged: dict[int, np.ndarray]) -> None:
+        """A run with the process team: feeds that shared steps read are copied into shared memory first."""
+        dispatch = self._shared[sig]
+        flags = dispatch.trial() if team.usable() else None
+        for slot in self._feed_slots(dispatch):
+            value = vals[slot]
+            if value is not None and value.nbytes:
+                vals[slot] = staged[slot] = self._stage(slot, value)
+        try:
+            if flags is None:
+                execute_team(vals, steps, dispatch.flags or dispatch.candidates, team)
+            else:
+                times = [0.0] * len(steps)
+                execute_team(vals, steps, flags, team, times)
+                dispatch.record(flags, times)
+        except StepFailure as failure:
+            raise self._failure(failure) from failure.__cause__
+
+    def _feed_slots(self, dispatch: procs.Dispatch) -> list[int]:
+        inputs = {self.slots[n] for n in self.graph.inputs}
+        flags = dispatch.flags or dispatch.candidates
+        return sorted({s for st, f in zip(self.steps, flags) if f for s in st[1]} & inputs)
+
+    def _stage(self, slot: int, value: np.ndarray) -> np.ndarray:
+        """``value`` copied into this engine's shared staging memory for feed ``slot`` (grown when needed)."""
+        buf = self._feed_stage.get(slot)
+        if buf is None or buf.nbytes < value.nbytes:
+            buf = self._feed_stage[slot] = procs.shared_empty(align(value.nbytes))  # a re-fork follows
+        staged = buf[: value.nbytes].view(value.dtype).reshape(value.shape)
+        np.copyto(staged, value)
+        return staged
 
     def _timed(self, vals: list[Any], steps: list[Step]) -> list[float]:
         try:
@@ -497,12 +571,13 @@ class InferenceSession(Engine):
         registry: Registry | None = None,
         threads: int | str | None = "auto",
         inter_op: str | None = None,
+        parallel: str | None = None,
         **_ignored: Any,
     ) -> None:
         if getattr(sess_options, "intra_op_num_threads", 0):
             threads = int(sess_options.intra_op_num_threads)
         super().__init__(path_or_model, passes=passes, disabled_passes=disabled_passes, registry=registry, threads=threads,
-                         inter_op=inter_op)
+                         inter_op=inter_op, parallel=parallel)
 
     def get_providers(self) -> list[str]:
         return ["CPUExecutionProvider"]
@@ -543,6 +618,18 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc only
     except (OSError, TypeError):  # no C library handle to ask (Windows)
         return None
+
+
+def _shareable(steps: list[Step]) -> list[bool]:
+    """Per step: does its kernel write its output only in ranges a process team may share (``spmd``)?"""
+    flags = []
+    for fn, ins, out0, outs, free in steps:
+        base = fn.func if isinstance(fn, functools.partial) else fn
+        shared = bool(getattr(base, "spmd", False)) and isinstance(fn, functools.partial) and "out" in fn.keywords
+        if shared:
+            procs.register(fn)  # the forked worker finds the step's callable by this key
+        flags.append(shared)
+    return flags
 
 
 def _trim_heap() -> None:

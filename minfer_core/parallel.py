@@ -363,18 +363,43 @@ def intra_op_threads() -> int:
     return 1 if pool is None else pool.threads
 
 
-def parallel_for(n: int, fn: Callable[[int, int], None], *, parts: int | None = None) -> None:
+def spmd(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Mark a kernel's run callable as one the processes of a process team may run together (procs.py).
+
+    The promise: called with ``out=``, it writes ``out`` only inside
+    ``parallel_for(..., outputs_only=True)`` ranges (even when it does not
+    split, with ``parts=1``), and writes nothing else but private scratch;
+    everything else it does is decided by its arguments and by state it
+    set up on its first call for a shape (a tuner's timed choice), never
+    by timing or randomness later. Both processes then call it with the
+    same arrays and each runs its share of those ranges.
+    """
+    fn.spmd = True  # type: ignore[attr-defined]
+    return fn
+
+
+def parallel_for(n: int, fn: Callable[[int, int], None], *, parts: int | None = None,
+                 outputs_only: bool = False) -> None:
     """Call ``fn(lo, hi)`` on disjoint ranges that cover ``range(n)``, concurrently when threads are available.
 
     ``fn`` must only write memory no other range writes. ``parts`` is how
     many ranges to cut (default: one per thread; more balances uneven
     work at some hand-over cost). With one thread this is ``fn(0, n)``.
     Exceptions raised by any range propagate to the caller once all ranges end.
+
+    ``outputs_only=True`` says that ``fn`` writes nothing but the kernel's
+    output (and its own scratch): then the processes of a process team
+    (procs.py) each run a share of the ranges. Other ranges write memory
+    only this process sees (a padded copy in scratch), so under a team
+    each process runs all of them itself.
     """
     if n <= 0:
         return
     pool = _POOL.get()
     if pool is None:
         fn(0, n)
+        return
+    if outputs_only and getattr(pool, "ranked", False):
+        pool.run_outputs(n, fn, parts if parts is not None else pool.threads)
         return
     pool.run(n, fn, parts if parts is not None else pool.threads)

@@ -59,6 +59,36 @@ def execute(vals: list[Any], steps: Sequence[Step]) -> None:
         raise _fail(i, steps, vals) from exc
 
 
+def execute_team(vals: list[Any], steps: Sequence[Step], shared: Sequence[bool], team: Any,
+                 times: list[float] | None = None) -> None:
+    """`execute` with a process team (procs.py): steps marked in ``shared`` whose arrays all live in shared
+    memory run in both processes, each computing its share of the output; the others run here alone.
+    With ``times``, records each step's time in seconds."""
+    from .procs import PeerFailed, encode
+
+    clock = time.perf_counter
+    i = 0
+    try:
+        for i, (fn, ins, out0, outs, free) in enumerate(steps):
+            start = clock() if times is not None else 0.0
+            args = [vals[s] for s in ins]
+            encoded = encode(args) if shared[i] and team.usable() else None
+            if encoded is None:
+                res = fn(*args)
+            else:
+                try:
+                    res = team.run_step(fn, args, encoded)
+                except PeerFailed:
+                    res = fn(*args)  # the worker failed or left: this process computes the whole step again
+            _store(vals, res, out0, outs, free)
+            if times is not None:
+                times[i] = clock() - start
+    except MinferError:
+        raise
+    except Exception as exc:
+        raise _fail(i, steps, vals) from exc
+
+
 def execute_timed(vals: list[Any], steps: Sequence[Step]) -> list[float]:
     """`execute` that returns each step's time in seconds."""
     clock = time.perf_counter
