@@ -232,15 +232,21 @@ def test_pool_at_model_shapes_matches_reference():
     ((1, 192, 56, 56), True),
 ])
 def test_windowed_pools_split_by_work(shape, split, monkeypatch):
-    """A windowed pool is handed to the threads when its cells, weighted for narrow planes, pass the line."""
+    """A windowed pool is handed to the threads when its cells, weighted for narrow planes, pass the line
+    (else it runs as one part: in a process team, one process computes it)."""
     calls = []
     real = pool.parallel_for
-    monkeypatch.setattr(pool, "parallel_for", lambda n, fn: calls.append(n) or real(n, fn))
+
+    def spy(n, fn, *, parts=None, outputs_only=False):
+        calls.append((n, parts, outputs_only))
+        real(n, fn, parts=parts, outputs_only=outputs_only)
+
+    monkeypatch.setattr(pool, "parallel_for", spy)
     x = np.random.default_rng(8).standard_normal(shape).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
     with using_threads(2):
         got = make_kernel("AveragePool", 19, x, attrs)(x)
-    assert calls == ([shape[0] * shape[1]] if split else [])
+    assert calls == [(shape[0] * shape[1], None if split else 1, True)]
     np.testing.assert_allclose(got, reference_pool(x, attrs, "avg"), rtol=1e-5, atol=1e-6)
 
 

@@ -347,7 +347,7 @@ class _Depthwise:
                     if epilogue is not None:
                         epilogue(y, (slice(i, i + 1), slice(c0, c1)))
 
-        parallel_for(len(units), span, parts=choice.parts)
+        parallel_for(len(units), span, parts=choice.parts, outputs_only=True)  # a unit writes only its y block
 
     def _block_first(self, x: np.ndarray, weights: np.ndarray, y: np.ndarray, work: np.dtype,
                      bias: np.ndarray | None) -> None:

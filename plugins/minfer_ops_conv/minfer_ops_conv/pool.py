@@ -17,7 +17,7 @@ from typing import Callable
 
 import numpy as np
 
-from minfer_core import kernel, parallel_for
+from minfer_core import kernel, parallel_for, spmd
 
 from . import _geometry as geo
 
@@ -307,10 +307,8 @@ def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
                 if finish is not None:
                     finish(dst[a:b])
 
-        if not _worth_splitting(x):
-            chunks(0, planes)
-        else:
-            parallel_for(planes, chunks)
+        # chunks write only their planes of y: a process team may share them (one part: one process)
+        parallel_for(planes, chunks, parts=None if _worth_splitting(x) else 1, outputs_only=True)
         return y
 
     return run
@@ -355,7 +353,8 @@ def _cached(make: Callable[[tuple[int, ...], np.dtype], Callable[..., object]]):
             plan = plans[key] = make(*key)
         return plan(x, out)
 
-    return run
+    # the plans write y in `_pool_plan`'s chunks (with indices there are two outputs and never an out=)
+    return spmd(run)
 
 
 def _geometry(kernel_shape, strides, pads, auto_pad, dilations=None, ceil_mode=0):
@@ -492,20 +491,19 @@ def _global(x: np.ndarray, out: np.ndarray | None, op, mean: bool) -> np.ndarray
         if mean:
             np.divide(r, r.dtype.type(src.shape[1]), out=dst[lo:hi], casting="unsafe")
 
-    if x.nbytes < _SPLIT_BYTES:
-        rows(0, planes)
-    else:
-        parallel_for(planes, rows)
+    parallel_for(planes, rows, parts=1 if x.nbytes < _SPLIT_BYTES else None, outputs_only=True)
     return y
 
 
 @kernel("GlobalAveragePool", since=1, out=True, views=False)
+@spmd
 def global_average_pool(x, *, out=None):
     """GlobalAveragePool-1/22: mean over all spatial dims, kept as size 1."""
     return _global(x, out, np.add, mean=True)
 
 
 @kernel("GlobalMaxPool", since=1, out=True, views=False)
+@spmd
 def global_max_pool(x, *, out=None):
     """GlobalMaxPool-1/22: max over all spatial dims, kept as size 1."""
     return _global(x, out, np.maximum, mean=False)

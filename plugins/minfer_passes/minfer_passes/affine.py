@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import Graph, Node, intra_op_threads, kernel, op, parallel_for, same_as_input
+from minfer_core import Graph, Node, kernel, op, parallel_for, same_as_input, spmd
 
 from ._util import FLOATS, MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, opset, replace, sole_consumer
 from .activation import ACTIVATIONS as ACTIVATION_OPS
@@ -198,10 +198,8 @@ def _chunked(x2: np.ndarray, y2: np.ndarray, s2: np.ndarray | None, b2: np.ndarr
                 chunk(k * step, min(rows, (k + 1) * step))
 
     chunks = -(-rows // step)
-    if x2.size >= SPLIT and chunks > 1 and intra_op_threads() > 1:
-        parallel_for(chunks, work)
-    else:
-        work(0, chunks)
+    # chunks write only their rows of y (in place or not): a process team may share them (one part: one process)
+    parallel_for(chunks, work, parts=None if x2.size >= SPLIT and chunks > 1 else 1, outputs_only=True)
 
 
 # views=False: the result is the planned buffer or a fresh array, never an input's memory
@@ -233,7 +231,7 @@ def channel_affine(ctx: Any, *, activation: str = "", activation_params: list[fl
         _chunked(x.reshape(rows, cols), y.reshape(rows, cols), s2, b2, activation, params)
         return y
 
-    return run
+    return spmd(run)
 
 
 KERNELS = [channel_affine]

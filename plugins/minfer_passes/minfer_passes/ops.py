@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from minfer_core import TensorType, get_registry, kernel, op
+from minfer_core import TensorType, get_registry, kernel, op, spmd
 
 from ._util import MINFER_DOMAIN, prepare
 
@@ -154,7 +154,8 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
 
         return fn(*args, out=out, epilogue=finish)
 
-    return run
+    # the epilogue runs inside the base kernel's output tiles: a process team may share them when it may
+    return spmd(run) if getattr(fn, "spmd", False) else run
 
 
 def _fused(base: str) -> Callable[..., Any]:
