@@ -147,8 +147,11 @@ def _grouped_tiles(n: int, p: Packed, rows: int, macs: int) -> list[Tile]:
 FOLD_CHANNELS = 1.0
 
 
-def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
-    """1x1 kernel, no pad: the input is already the GEMM's right operand (strided when s > 1)."""
+def _pointwise(w: geo.Window, budget: int | None = None, prefer: str = "rows") -> Plan:
+    """1x1 kernel, no pad: the input is already the GEMM's right operand (strided when s > 1).
+
+    ``prefer``: how an image is cut between threads (``tiles.cut``).
+    """
     budget = budget or TILE_BYTES
     sub = (slice(None), slice(None)) + tuple(slice(None, None, s) for s in w.strides)
     strided = any(s > 1 for s in w.strides)
@@ -162,8 +165,8 @@ def _pointwise(w: geo.Window, budget: int | None = None) -> Plan:
         key = (n, c, m)
         if key not in cache:
             macs = n * m * c // g * rows * row_len
-            cache[key] = (cut(n, m, rows, row_len, (c + m) * row_len * x.itemsize, budget, macs, MERGE_COLUMNS)
-                          if g == 1 else _grouped_tiles(n, p, rows, macs))
+            cache[key] = (cut(n, m, rows, row_len, (c + m) * row_len * x.itemsize, budget, macs, MERGE_COLUMNS,
+                              prefer) if g == 1 else _grouped_tiles(n, p, rows, macs))
         return cache[key]
 
     def run(x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
@@ -242,10 +245,12 @@ def _padded(x: np.ndarray, w: geo.Window) -> np.ndarray:
 PARALLEL_COPY_BYTES = 256 << 10
 
 
-def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
+def _im2col(w: geo.Window, budget: int | None = None, prefer: str = "rows") -> Plan:
     """General conv: strided im2col view of the padded input, copied slab by slab, one GEMM per slab.
 
     W[M, C*k] @ cols[C*k, rows*W] lands directly in the NCHW output's row range: no transpose.
+    ``prefer``: how an image is cut between threads (``tiles.cut``; by channels each thread copies the whole
+    slab, hence not among the `candidates`).
     """
     budget = budget or TILE_BYTES
     rows = w.out_shape[0]
@@ -259,8 +264,8 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
         key = (n, g, k)
         if key not in cache:
             macs = n * g * mg * k * rows * row_len
-            cache[key] = (cut(n, mg, rows, row_len, (k + mg) * row_len * x.itemsize, budget, macs, MERGE_COLUMNS)
-                          if g == 1 else _grouped_tiles(n, p, rows, macs))
+            cache[key] = (cut(n, mg, rows, row_len, (k + mg) * row_len * x.itemsize, budget, macs, MERGE_COLUMNS,
+                              prefer) if g == 1 else _grouped_tiles(n, p, rows, macs))
         return cache[key]
 
     def run(x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
@@ -298,12 +303,22 @@ def _im2col(w: geo.Window, budget: int | None = None) -> Plan:
     return run
 
 
+# how a pointwise conv's image is cut between threads, the usual best first (tiles.cut). Cutting by output
+# channels gives each thread half the weights and every column; measured at batch 1 (2 threads, kernel medians)
+# it won 3-10% on most of densenet121's 1x1 layers at 14x14 (288-992 -> 128 channels) and 5% on resnet50's
+# 1024 -> 512, and lost on 56x56 ones with few channels (256 -> 64: 659 against 605 us). At batch 8 both cut
+# alike and tuner.distinct times one. im2col does not try it: each thread would copy the whole slab (resnet50's 128 3x3
+# stride 2: 1601 against 1406 us, densenet121's 128 -> 32 3x3: 738 against 552), and no 3x3 layer of either
+# model gained beyond noise, while timing it cost densenet121's first run 150 ms more.
+PREFER = ("rows", "channels")
+
+
 def candidates(w: geo.Window, p: Packed, channels: int) -> list[Plan]:
     """The methods (and tile sizes) that can compute this conv, the usual best first."""
     if p.depthwise is not None and channels == p.group:
         return [depthwise.plan(w)]  # times its two layouts itself
     if all(k == 1 for k in p.kernel) and not w.padded:
-        return [_pointwise(w, b) for b in TUNE_BYTES]
+        return [_pointwise(w, b, prefer) for prefer in PREFER for b in TUNE_BYTES]
     plans = [_im2col(w, b) for b in TUNE_BYTES]
     if winograd.applies(w, p):
         plans += [winograd.plan(w, budget=b) for b in winograd.TUNE_BYTES]

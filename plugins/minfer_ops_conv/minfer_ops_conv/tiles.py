@@ -44,15 +44,20 @@ class Tile(NamedTuple):
 
 
 def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, macs: int,
-        merge_columns: int = 0) -> list[Tile]:
+        merge_columns: int = 0, prefer: str = "rows") -> list[Tile]:
     """Tiles over ``n`` images, ``m`` output channels and ``rows`` output rows of ``row_len`` columns.
 
     ``row_bytes``: scratch one output row needs; rows per tile keep it under ``budget``.
     ``macs``: multiply-adds of the whole conv, deciding whether splitting pays.
     ``merge_columns``: a method that can put several images in one GEMM asks for tiles of whole images,
     as many as make about this many columns, when one image has fewer (threads still each get a tile).
+    ``prefer``: how an image that must give several threads work is cut: by output ``"rows"`` (each
+    thread's GEMM has all the weights; output channels only when the rows are too few or too narrow), or
+    by output ``"channels"`` (`_cut_channels`). Batches of enough images cut the same either way.
     """
     want = SPLIT if macs >= MIN_SPLIT_MACS else 1
+    if prefer == "channels" and n < want and m >= 2 * CHANNEL_ALIGN:
+        return _cut_channels(n, m, rows, row_bytes, budget, math.ceil(want / n))
     per_image = rows * row_len
     if merge_columns and n > 1 and per_image < merge_columns:
         most = min(max(1, budget // max(1, rows * row_bytes)), max(1, n // want))
@@ -79,6 +84,24 @@ def cut(n: int, m: int, rows: int, row_len: int, row_bytes: int, budget: int, ma
                 for k in range(m_parts + 1)]
     return [Tile(i, m0, m1, r0, min(rows, r0 + step))
             for i in range(n) for m0, m1 in zip(m_bounds, m_bounds[1:]) for r0 in range(0, rows, step)]
+
+
+def _cut_channels(n: int, m: int, rows: int, row_bytes: int, budget: int, parts: int) -> list[Tile]:
+    """Tiles of each image's rows (cut only to fit the budget), each in ``parts`` equal output-channel shares.
+
+    Each thread's GEMM then has a share of the weights and every column of the tile. Only for images that
+    must give several threads work: at batch 8 (2 threads) channel shares of each image (or of merged small
+    maps) were up to 20% slower than whole images per thread on resnet50's and densenet121's layers and at
+    most 2% faster, but for a classifier on 1x1 maps. A tile's shares are next to each other, so the threads
+    read its input at the same time.
+    """
+    parts = min(parts, m // CHANNEL_ALIGN)
+    # equal shares first, then as aligned as they can be (a thread with 16 channels more than the other waits)
+    align = next((a for a in (CHANNEL_ALIGN, 8, 4, 2) if m % (a * parts) == 0), 1)
+    bounds = [align * round(m * k / parts / align) for k in range(parts + 1)]
+    step = max(1, min(rows, budget // max(1, row_bytes)))
+    return [Tile(i, m0, m1, r0, min(rows, r0 + step))
+            for i in range(n) for r0 in range(0, rows, step) for m0, m1 in zip(bounds, bounds[1:])]
 
 
 def finish(y: np.ndarray, tile: Tile, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:

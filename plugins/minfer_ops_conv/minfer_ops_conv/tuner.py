@@ -22,7 +22,8 @@ def distinct(plans: list[Plan], x: np.ndarray, p: Any) -> list[Plan]:
     """The plans less those that would cut this input into the same tiles as an earlier plan of their method.
 
     A plan may say how it tiles an input (``plan.tiling(x, p)``); at batch 1 both tile budgets give the
-    same tiles for most layers, and timing one of them is enough.
+    same tiles for most layers, and from batch 2 (2 threads) so do the row and channel preferences of a
+    pointwise conv: timing one of them is enough.
     """
     seen: set[tuple[object, ...]] = set()
     kept = []
