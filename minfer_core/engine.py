@@ -10,6 +10,7 @@ import functools
 import inspect
 import os
 import threading
+import time
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -184,6 +185,7 @@ class Engine:
         self._calibrations: dict[Signature, Calibration] = {}
         self._shared: dict[Signature, procs.Dispatch] = {}  # per bound step: does a process team share it
         self._feed_stage: dict[int, np.ndarray] = {}  # per input slot: shared memory its feed is copied to
+        self._modes: dict[Signature, procs.ModeChoice] = {}  # per shape: team or threads, once timed
         self._arena = np.empty(0, dtype=np.uint8)
         self._arena_lock = threading.Lock()
         self._last: Signature | None = None
@@ -245,10 +247,14 @@ class Engine:
         # kernels split their own work over ``want`` threads (parallel.py); numpy's BLAS runs one thread per call
         previous = set_blas_threads(1) if want else None
         team = None
+        mode = None
         if self.parallel == "processes" and want and want >= 2 and not intermediate and not observers:
-            team = procs.team()
-            if team is not None and not team.begin():
-                team = None
+            mode = self._modes.get(sig)
+            if mode is None or mode.want_team():
+                team = procs.team()
+                if team is not None and not team.begin():
+                    team = None
+        start = time.perf_counter()
         try:
             if team is not None:
                 # steps the worker does not share run here alone, seeing the team's thread count (see SoloPool)
@@ -259,6 +265,8 @@ class Engine:
         finally:
             if team is not None:
                 team.end()
+            if mode is not None and mode.team is None and (team is not None) == mode.want_team():
+                mode.record(team is not None, time.perf_counter() - start)
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
@@ -366,7 +374,7 @@ class Engine:
 
     def _signature_caches(self) -> tuple[dict[Signature, Any], ...]:
         return (self._plans, self._bound, self._types, self._stages, self._staged, self._pending, self._calibrations,
-                self._shared)
+                self._shared, self._modes)
 
     def _install(self, sig: Signature, plan: Plan, stages: list[Stage], cost: list[float] | None) -> None:
         """Make ``plan`` the signature's plan, with ``stages`` run concurrently (branches ordered by ``cost``)."""
@@ -459,6 +467,8 @@ class Engine:
                 times = [0.0] * len(steps)
                 execute_team(vals, steps, flags, team, times)
                 dispatch.record(flags, times)
+                if dispatch.flags is not None:  # decided: now the team against the threads, run for run
+                    self._modes[sig] = procs.ModeChoice(None if any(dispatch.flags) else False)
         except StepFailure as failure:
             raise self._failure(failure) from failure.__cause__
 

@@ -66,7 +66,12 @@ _regions: list[tuple[int, int, Any]] = []
 
 
 def shared_empty(nbytes: int) -> np.ndarray:
-    """A uint8 array of ``nbytes`` in memory a forked worker shares (contents undefined, zero on Linux)."""
+    """A uint8 array of ``nbytes`` in memory a forked worker shares (contents undefined, zero on Linux).
+
+    Where there is no fork (no MAP_SHARED), a plain array: no team will need it.
+    """
+    if not hasattr(mmap, "MAP_SHARED"):
+        return np.empty(int(nbytes), dtype=np.uint8)
     buf = mmap.mmap(-1, max(int(nbytes), 1), flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
     arr = np.frombuffer(buf, dtype=np.uint8)[: int(nbytes)]
     lo = arr.__array_interface__["data"][0]
@@ -163,6 +168,34 @@ class Dispatch:
             shared = [min(t[i] for t in self._shared) for i in range(n)]
             alone = [min(t[i] for t in self._alone) for i in range(n)]
             self.flags = [c and s < self.GAIN * a for c, s, a in zip(self.candidates, shared, alone)]
+
+
+class ModeChoice:
+    """Team or threads for one input shape, from whole runs timed both ways once its steps' sharing is set.
+
+    Steps the team does not share run in this process alone, while the threads mode splits some of them
+    (MatMuls, elementwise ops, softmax) over two threads: a transformer block at batch 1 shared none of its
+    steps and ran 20% slower with the team. So after `Dispatch` decided, runs alternate between the team
+    and the threads `TRIALS` times each and the faster, by its best run, stays.
+    """
+
+    TRIALS = 2
+
+    def __init__(self, team: bool | None = None) -> None:
+        self.team = team
+        self._times: dict[bool, list[float]] = {True: [], False: []}
+
+    def want_team(self) -> bool:
+        if self.team is not None:
+            return self.team
+        return len(self._times[True]) <= len(self._times[False])
+
+    def record(self, team: bool, seconds: float) -> None:
+        if self.team is not None:
+            return
+        self._times[team].append(seconds)
+        if all(len(t) >= self.TRIALS for t in self._times.values()):
+            self.team = min(self._times[True]) < min(self._times[False])
 
 
 # ---- step registry ----------------------------------------------------------------------
@@ -341,6 +374,7 @@ class Team:
             os.close(self.wake_fd)  # the worker reads EOF and leaves
         except OSError:
             pass
+        self.wake_fd = -1  # (the number may be reused: never close it twice)
         try:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
@@ -560,11 +594,18 @@ def team() -> Team | None:
 
 
 def _forget_after_fork() -> None:
+    """A process forked from a team's parent (our worker, or the program's own fork) has no team."""
     global _team
+    if _team is not None and _team.wake_fd >= 0:
+        try:
+            os.close(_team.wake_fd)  # else the worker would not see EOF when its parent lets go of it
+        except OSError:
+            pass
     _team = None
 
 
-os.register_at_fork(after_in_child=_forget_after_fork)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_after_fork)
 
 
 @atexit.register

@@ -157,8 +157,9 @@ def test_tuner_keeps_a_correct_method_per_thread_count(monkeypatch):
     assert set(plan.choice) == {1, 2} and all(c in plan.plans for c in plan.choice.values())
 
 
-def test_tuner_times_one_plan_per_distinct_tiling():
+def test_tuner_times_one_plan_per_distinct_tiling(monkeypatch):
     """Tile budgets that cut an input into the same tiles are one candidate; a batch they cut apart is two."""
+    monkeypatch.setattr(conv, "PREFER", ("rows",))  # the channel plans: tests/kernels/test_conv_tiling.py
     p = conv.pack(np.ones((64, 64, 1, 1), np.float32), 1, build_time=True)
     win = conv.geo.window((56, 56), (1, 1), clamp_same=True)
     plans = conv.candidates(win, p, 64)

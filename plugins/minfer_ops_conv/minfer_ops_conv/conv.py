@@ -9,7 +9,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from minfer_core import kernel, parallel_for
+from minfer_core import kernel, parallel_for, spmd
 
 from . import _geometry as geo
 from . import depthwise, winograd
@@ -377,7 +377,8 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
             plan(x, p, y, bias, epilogue)
         return y
 
-    return run
+    # every method writes y only in tiles (`tiles.run_tiles`, depthwise's units): a process team may share them
+    return spmd(run)
 
 
 KERNELS = [conv]

@@ -115,16 +115,18 @@ def finish(y: np.ndarray, tile: Tile, bias: np.ndarray | None, epilogue: Epilogu
 
 
 def run_tiles(tiles: list[Tile], fn: Callable[[Tile], None]) -> None:
-    """``fn(tile)`` for every tile, over the session's intra-op threads (each tile taken by whoever is free)."""
-    if len(tiles) == 1:
-        fn(tiles[0])
-        return
+    """``fn(tile)`` for every tile, over the session's intra-op threads (each tile taken by whoever is free).
+
+    A tile writes only its part of the output (and scratch), so the processes of a process team may share
+    them out too (``outputs_only``): even a single tile goes through `parallel_for`, so that only one
+    process computes it.
+    """
 
     def span(lo: int, hi: int) -> None:
         for k in range(lo, hi):
             fn(tiles[k])
 
-    parallel_for(len(tiles), span, parts=len(tiles))
+    parallel_for(len(tiles), span, parts=len(tiles), outputs_only=True)
 
 
 _local = threading.local()

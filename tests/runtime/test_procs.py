@@ -1,0 +1,291 @@
+"""Process teams (procs.py): a forked worker computes a share of each shared step, and results never change.
+
+Each test builds engines with ``parallel="processes"`` and compares them with
+the threads engine (same conv methods: tuning off), checks that steps were
+really shared with the worker (the team's counter), and that failures,
+dead workers, new shapes and feeds that outputs alias are handled.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import minfer_core
+from minfer_core import hookimpl, kernel, op, parallel_for, procs, spmd
+from minfer_core.procs import Dispatch, RankPool
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "fork") or len(os.sched_getaffinity(0)) < 2, reason="process teams need fork and two CPUs"
+)
+
+RUNS = 2 * Dispatch.TRIALS + 4  # discovery, the timed trials, then steady runs
+
+
+@pytest.fixture(autouse=True)
+def share_everything(monkeypatch):
+    """Share every candidate step (timing decides otherwise) and take the conv's first method (no tuner)."""
+    from minfer_ops_conv import conv
+
+    monkeypatch.setattr(Dispatch, "GAIN", 1e9)
+    monkeypatch.setattr(conv, "TUNE", False)
+
+
+def _model(nodes, inputs, outputs, inits=(), opsets=(("", 17),)):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in opsets])
+    model.ir_version = 10
+    return model
+
+
+def _conv_model(c, m, hw, kernel_shape, strides=(1, 1), pads=(0, 0, 0, 0), group=1, batch=1, seed=0):
+    """x -> Abs -> Conv (+ bias) -> Concat(c, c): the conv reads and writes arena memory the worker shares."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((m, c // group) + tuple(kernel_shape)).astype(np.float32)
+    b = rng.standard_normal(m).astype(np.float32)
+    nodes = [
+        helper.make_node("Abs", ["x"], ["a"]),
+        helper.make_node("Conv", ["a", "w", "b"], ["c"], kernel_shape=list(kernel_shape), strides=list(strides),
+                         pads=list(pads), group=group),
+        helper.make_node("Concat", ["c", "c"], ["y"], axis=1),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, c, hw, hw])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")])
+
+
+def _runs(sess, feeds, n=RUNS):
+    return [sess.run(None, feeds)[0] for _ in range(n)]
+
+
+CONVS = {
+    "winograd": dict(c=64, m=64, hw=14, kernel_shape=(3, 3), pads=(1, 1, 1, 1)),
+    "im2col-strided": dict(c=32, m=48, hw=17, kernel_shape=(3, 3), strides=(2, 2), pads=(1, 0, 1, 0)),
+    "pointwise": dict(c=96, m=128, hw=14, kernel_shape=(1, 1)),
+    "pointwise-batch": dict(c=64, m=64, hw=7, kernel_shape=(1, 1), batch=3),
+    "grouped": dict(c=64, m=64, hw=12, kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=4),
+    "depthwise": dict(c=48, m=48, hw=28, kernel_shape=(3, 3), pads=(1, 1, 1, 1), group=48),
+    "depthwise-s2": dict(c=32, m=32, hw=15, kernel_shape=(3, 3), strides=(2, 2), group=32, batch=2),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CONVS))
+def test_conv_methods_give_the_threads_result(case):
+    kw = CONVS[case]
+    model = _conv_model(**kw)
+    x = np.random.default_rng(1).standard_normal((kw.get("batch", 1), kw["c"], kw["hw"], kw["hw"])).astype(np.float32)
+    threads = minfer_core.InferenceSession(model, threads=2)
+    procs_ = minfer_core.InferenceSession(model, threads=2, parallel="processes")
+    team = procs.team()
+    before = team.shared_steps
+    expected = threads.run(None, {"x": x})[0]
+    for got in _runs(procs_, {"x": x}):
+        np.testing.assert_array_equal(got, expected)  # the same tiles, the same GEMMs: bitwise equal
+    assert team.shared_steps > before, "the conv never ran with the worker"
+
+
+def test_a_zoo_model_matches_threads_over_runs():
+    from minfer_core.zoo import model_path, randomized
+
+    model = randomized(model_path("light_squeezenet"))  # shipped in the onnx wheel
+    rng = np.random.default_rng(0)
+    threads = minfer_core.InferenceSession(model, threads=2)
+    procs_ = minfer_core.InferenceSession(model, threads=2, parallel="processes")
+    name = threads.get_inputs()[0].name
+    team = procs.team()
+    before = team.shared_steps
+    for k in range(RUNS):
+        x = rng.standard_normal((1, 3, 224, 224)).astype(np.float32)
+        np.testing.assert_array_equal(procs_.run(None, {name: x})[0], threads.run(None, {name: x})[0])
+    assert team.shared_steps - before >= 10  # convs and pools of the steady runs
+
+
+def test_new_shapes_refork_and_match_fresh_engines():
+    model = _conv_model(c=32, m=32, hw=16, kernel_shape=(3, 3), pads=(1, 1, 1, 1))
+    model.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "h"
+    model.graph.input[0].type.tensor_type.shape.dim[3].dim_param = "w"
+    sess = minfer_core.InferenceSession(model, threads=2, parallel="processes")
+    team = procs.team()
+    rng = np.random.default_rng(3)
+    for hw in (16, 24, 16, 9, 24, 16):
+        x = rng.standard_normal((1, 32, hw, hw)).astype(np.float32)
+        fresh = minfer_core.InferenceSession(model, threads=2)
+        expected = fresh.run(None, {"x": x})[0]
+        for got in _runs(sess, {"x": x}, 3):
+            np.testing.assert_array_equal(got, expected)
+    forks = team.forks
+    for _ in range(RUNS):  # alternating known shapes: nothing new, no fork
+        for hw in (16, 24):
+            sess.run(None, {"x": rng.standard_normal((1, 32, hw, hw)).astype(np.float32)})
+    assert team.forks == forks
+
+
+def test_outputs_never_alias_the_staged_feed():
+    # y1 is a view of the feed; the shared conv reads the feed, so the engine stages it in shared memory
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+        helper.make_node("ReduceSum", ["c"], ["y2"], keepdims=1),
+        helper.make_node("Flatten", ["x"], ["y1"], axis=1),
+    ]
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 20])
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2")]
+    sess = minfer_core.InferenceSession(_model(nodes, [x_info], outs, [numpy_helper.from_array(w, "w")]),
+                                        threads=2, parallel="processes")
+    team = procs.team()
+    before = team.shared_steps
+    kept = []
+    for k in range(RUNS):
+        x = np.full((1, 8, 20, 20), float(k), np.float32)
+        y1, _ = sess.run(None, {"x": x})
+        kept.append((k, y1))
+    for k, y1 in kept:
+        assert (y1 == k).all(), "a returned output changed when a later run staged its feed"
+    assert team.shared_steps > before
+
+
+class _Flaky:
+    """test.procs::Double (2x, shared with the worker), whose worker side fails while the file FLAG exists
+    (a file: the forked worker does not see the parent's later writes to memory)."""
+
+    FLAG = ""
+    PARENT = os.getpid()
+
+    @hookimpl
+    def register_ops(self, register):
+        register(op("Double", domain="test.procs"))
+
+    @hookimpl
+    def register_kernels(self, register):
+        register(_double)
+
+
+@kernel("Double", domain="test.procs", prepare=True, out=True, views=False)
+def _double(ctx):
+    def run(x, *, out=None):
+        y = np.empty_like(x) if out is None else out
+        flat_x, flat_y = x.reshape(-1), y.reshape(-1)
+
+        def part(lo, hi):
+            if os.getpid() != _Flaky.PARENT and _Flaky.FLAG and os.path.exists(_Flaky.FLAG):
+                raise RuntimeError("worker-side failure")
+            np.multiply(flat_x[lo:hi], 2, out=flat_y[lo:hi])
+
+        parallel_for(flat_x.size, part, parts=2, outputs_only=True)
+        return y
+
+    return spmd(run)
+
+
+def _double_model():
+    nodes = [
+        helper.make_node("Abs", ["x"], ["a"]),
+        helper.make_node("Double", ["a"], ["d"], domain="test.procs"),
+        helper.make_node("Concat", ["d", "d"], ["y"], axis=0),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return _model(nodes, [x], [y], opsets=(("", 17), ("test.procs", 1)))
+
+
+def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plugin, tmp_path, monkeypatch):
+    flag = tmp_path / "fail"
+    monkeypatch.setattr(_Flaky, "FLAG", str(flag))
+    minfer_plugin(_Flaky())
+    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
+    expected = np.concatenate([2 * np.abs(x)] * 2)
+    for got in _runs(sess, {"x": x}):
+        np.testing.assert_array_equal(got, expected)
+    team = procs.team()
+    forks = team.forks
+    before = team.shared_steps
+    flag.write_text("")  # the worker's next share raises
+    try:
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], expected)
+    finally:
+        flag.unlink()
+    assert team.shared_steps > before and team.pid == 0  # it was shared, failed, and the worker is gone
+    for got in _runs(sess, {"x": x}, 3):
+        np.testing.assert_array_equal(got, expected)
+    assert team.forks > forks
+
+
+def test_a_killed_worker_is_replaced(minfer_plugin):
+    minfer_plugin(_Flaky())
+    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    x = np.ones((4, 1000), np.float32)
+    _runs(sess, {"x": x})
+    team = procs.team()
+    os.kill(team.pid, signal.SIGKILL)
+    time.sleep(0.05)
+    before = team.shared_steps
+    for got in _runs(sess, {"x": x}, 4):
+        assert (got == 2).all()
+    assert team.shared_steps > before
+
+
+def test_the_worker_sleeps_between_runs(minfer_plugin):
+    minfer_plugin(_Flaky())
+    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    _runs(sess, {"x": np.ones((4, 1000), np.float32)})
+    pid = procs.team().pid
+    time.sleep(procs.LINGER + 0.05)
+
+    def cpu_ticks():
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])  # utime + stime
+
+    start = cpu_ticks()
+    time.sleep(0.3)
+    assert cpu_ticks() - start <= 2  # clock ticks (10 ms each): a spinning worker would use ~30
+
+
+class _Control:
+    def __init__(self):
+        self.barriers = 0
+
+    def barrier(self, rank):
+        self.barriers += 1
+
+
+@pytest.mark.parametrize("n,parts", [(1, 1), (2, 2), (7, 3), (100, 8), (5, 9)])
+def test_rank_shares_cover_the_ranges_once(n, parts):
+    seen = []
+    for rank in (0, 1):
+        control = _Control()
+        RankPool(control, rank, 2).run_outputs(n, lambda lo, hi, r=rank: seen.append((r, lo, hi)), parts)
+        assert control.barriers == 1  # every share ends at the barrier, even an empty one
+    covered = sorted(i for _, lo, hi in seen for i in range(lo, hi))
+    assert covered == list(range(n))
+    if n == 1:
+        assert seen == [(0, 0, 1)]  # a lone range stays with the calling process
+
+
+def test_dispatch_shares_the_steps_that_ran_faster_shared(monkeypatch):
+    monkeypatch.setattr(Dispatch, "GAIN", 0.9)
+    d = Dispatch([True, True, False])
+    first = d.trial()
+    assert first == [True, True, False]
+    d.record(first, [9.0, 9.0, 9.0])  # a new worker's first run: not counted
+    shared_times, alone_times = [0.5, 1.0, 1.0], [1.0, 1.0, 1.0]
+    while (flags := d.trial()) is not None:
+        d.record(flags, shared_times if flags[0] else alone_times)
+    assert d.flags == [True, False, False]  # 0.5 < 0.9 * 1.0; 1.0 is not; never a non-candidate
+
+
+def test_mode_choice_keeps_the_faster_way():
+    m = procs.ModeChoice()
+    times = {True: 2.0, False: 1.5}
+    while m.team is None:
+        team = m.want_team()
+        m.record(team, times[team])
+    assert m.team is False and m.want_team() is False
+    assert procs.ModeChoice(False).want_team() is False  # nothing shared: threads from the start
