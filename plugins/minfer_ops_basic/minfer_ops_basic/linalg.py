@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minfer_core import intra_op_threads, kernel, parallel_for
+from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from .elementwise import arr, into, is_exotic
 
@@ -93,7 +93,14 @@ def _parts(y: np.ndarray, split: tuple[int, int], part: Callable[[int, int], Non
     axis, parts = split
     size = y.shape[axis]
     step = COLUMN_BLOCK if axis == y.ndim - 1 else 1
-    parallel_for(-(-size // step), lambda lo, hi: part(lo * step, min(hi * step, size)), parts=parts)
+    parallel_for(-(-size // step), lambda lo, hi: part(lo * step, min(hi * step, size)), parts=parts,
+                 outputs_only=True)
+
+
+def _alone(fn: Callable[[], Any]) -> None:
+    """fn() as a single range that writes only the output: in a process team one process computes it
+    (the `spmd` contract: a shared step writes its output only inside such ranges)."""
+    parallel_for(1, lambda lo, hi: fn(), parts=1, outputs_only=True)
 
 
 def _region(axis: int, lo: int, hi: int) -> Region:
@@ -110,9 +117,13 @@ def product_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, finish: Finish | N
         _gemm_into(y, a, b, split, finish)  # all rows of a against one B: one GEMM, split by rows or columns
         return y
     if split is None:
-        np.matmul(a, b, out=y)
-        if finish is not None:
-            finish(whole)
+
+        def whole_product() -> None:
+            np.matmul(a, b, out=y)
+            if finish is not None:
+                finish(whole)
+
+        _alone(whole_product)
         return y
     big_a = np.broadcast_to(a, y.shape[:-2] + a.shape[-2:])
     big_b = np.broadcast_to(b, y.shape[:-2] + b.shape[-2:])
@@ -134,9 +145,13 @@ def _gemm_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, split: tuple[int, in
     """y = a @ b for a 2-D b, with a's (and y's) leading axes merged into the rows of one GEMM."""
     a2, y2 = a.reshape(-1, a.shape[-1]), y.reshape(-1, y.shape[-1])
     if split is None:
-        np.matmul(a2, b, out=y2)
-        if finish is not None:
-            finish((slice(None),) * y.ndim)
+
+        def whole_gemm() -> None:
+            np.matmul(a2, b, out=y2)
+            if finish is not None:
+                finish((slice(None),) * y.ndim)
+
+        _alone(whole_gemm)
         return
     axis = split[0]
     inner = math.prod(y.shape[axis + 1 : -1]) if axis < y.ndim - 1 else 1
@@ -158,10 +173,16 @@ def _gemm_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, split: tuple[int, in
 def _matmul_into(a: np.ndarray, b: np.ndarray, out: np.ndarray | None, epilogue: Any) -> np.ndarray:
     """a @ b into out (or a new array), split over threads when large; epilogue(y, region) per finished part."""
     if a.ndim < 2 or b.ndim < 2 or _blas(a) is not a or _blas(b) is not b or a.dtype != b.dtype:
-        y = matmul(a, b, out)  # vectors, and dtypes BLAS computes in float32: whole, as before
-        if epilogue is not None:
-            epilogue(y, (slice(None),) * y.ndim)
-        return y
+        done: list[np.ndarray] = []
+
+        def whole() -> None:  # vectors, and dtypes BLAS computes in float32: whole, as before
+            y = matmul(a, b, out)
+            if epilogue is not None:
+                epilogue(y, (slice(None),) * y.ndim)
+            done.append(y)
+
+        _alone(whole)
+        return done[0] if done else out  # type: ignore[return-value]  # (the other process of a team: out)
     if out is None:
         batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
         out = np.empty(batch + (a.shape[-2], b.shape[-1]), dtype=a.dtype)
@@ -178,7 +199,7 @@ def matmul_1(ctx):
     def run(a, b=None, *, out=None, epilogue=None):
         return _matmul_into(a, w if w is not None else b, out, epilogue)
 
-    return run
+    return spmd(run)  # writes out only in ranges (`_parts`, `_alone`)
 
 
 # --- Gemm --------------------------------------------------------------------
@@ -208,22 +229,28 @@ def _gemm(ctx: Any, alpha: float, beta: float, trans_a: int, trans_b: int) -> Ca
         cc = c_held if c_const is not None else (None if c is None or beta == 0 else _scaled(_blas(c), beta))
         return _gemm_run(a.T if trans_a else a, bp, scale, cc, out, epilogue)
 
-    return run
+    return spmd(run)  # writes out only in ranges (`_parts`, `_alone`)
 
 
 def _gemm_run(a: np.ndarray, b: np.ndarray, scale: float, c: np.ndarray | None, out: np.ndarray | None,
               epilogue: Any) -> np.ndarray:
     """scale * a @ b + c (c broadcast to the product) into out, in parts over threads when large."""
     if _blas(a) is not a or _blas(b) is not b or a.dtype != b.dtype:
-        y = np.matmul(_blas(a), _blas(b))  # half floats: computed in float32, rounded once at the end
-        if scale != 1.0:
-            y *= np.asarray(scale, y.dtype)
-        if c is not None:
-            y += _blas(c)
-        y = into(out, arr(y, a.dtype))
-        if epilogue is not None:
-            epilogue(y, (slice(None), slice(None)))
-        return y
+        done: list[np.ndarray] = []
+
+        def whole() -> None:
+            y = np.matmul(_blas(a), _blas(b))  # half floats: computed in float32, rounded once at the end
+            if scale != 1.0:
+                y *= np.asarray(scale, y.dtype)
+            if c is not None:
+                y += _blas(c)
+            y = into(out, arr(y, a.dtype))
+            if epilogue is not None:
+                epilogue(y, (slice(None), slice(None)))
+            done.append(y)
+
+        _alone(whole)
+        return done[0] if done else out  # type: ignore[return-value]  # (the other process of a team: out)
     y = out if out is not None else np.empty((a.shape[0], b.shape[1]), dtype=a.dtype)
     factor = np.asarray(scale, y.dtype)
     full_c = None if c is None else np.broadcast_to(c, y.shape)
