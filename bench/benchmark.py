@@ -165,7 +165,7 @@ def memprobe(engine: str, name: str, batch: int, runs: int = 3, threads: int | s
     if out.returncode != 0:
         return {"memprobe_error": out.stderr.strip().splitlines()[-1:]}
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    return {k: data[k] for k in ("weights_mb", "build_mb", "peak_mb", "run_peak_mb")}
+    return {k: data[k] for k in ("weights_mb", "build_mb", "peak_mb", "run_peak_mb", "worker_private_mb") if k in data}
 
 
 def loop_overhead(nodes: int = 2000, repeat: int = 30) -> dict[str, float]:
@@ -271,8 +271,15 @@ def run_benchmark(
     memory: bool = True,
     overhead: bool = True,
     progress: Progress | None = None,
+    parallel: str | None = None,
 ) -> dict[str, Any]:
-    """Benchmark ``names`` (default: the nine light models and the transformer block) at ``batches``."""
+    """Benchmark ``names`` (default: the nine light models and the transformer block) at ``batches``.
+
+    ``parallel`` sets minfer's ``parallel=`` mode through MINFER_PARALLEL, which the fresh memory-probe
+    processes inherit too.
+    """
+    if parallel:
+        os.environ["MINFER_PARALLEL"] = parallel
     args = argparse.Namespace(repeat=repeat, rounds=rounds, ref=ref, ref_repeat=ref_repeat, memory=memory, threads=threads,
                               minfer_threads=minfer_threads)
     todo = [(n, b) for b in batches for n in models(list(names) if names else None)]
@@ -290,7 +297,8 @@ def run_benchmark(
         "summary": summarize(rows, batches),
         "loop_overhead": loop,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
-        "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_threads": minfer_threads or threads},
+        "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_threads": minfer_threads or threads,
+                     "minfer_parallel": os.environ.get("MINFER_PARALLEL", "threads")},
     }
 
 
@@ -307,7 +315,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     result = run_benchmark(
         args.models, args.batches, repeat=args.repeat, rounds=args.rounds, threads=args.threads,
         minfer_threads=args.minfer_threads, ref=not args.no_ref,
-        ref_repeat=args.ref_repeat, memory=not args.no_memory,
+        ref_repeat=args.ref_repeat, memory=not args.no_memory, parallel=args.parallel,
     )
     out = Path(args.json or RESULTS / "latest.json")
     text = markdown(result["rows"], result["summary"], result["loop_overhead"])

@@ -61,6 +61,11 @@ def probe(engine: str, name: str, batch: int, runs: int, threads: int | str = 2)
     for _ in range(runs):
         run(feeds)
     run_peak = _status("VmHWM")
+    # a process team's worker (MINFER_PARALLEL=processes) shares the weights and the arena; what it holds on
+    # its own (scratch, pages it copied on write) is memory the engine uses too
+    worker = _worker_private_mb() if engine == "minfer" else 0.0
+    build_peak += worker
+    run_peak += worker
     return {
         "engine": engine,
         "model": name,
@@ -70,7 +75,22 @@ def probe(engine: str, name: str, batch: int, runs: int, threads: int | str = 2)
         "peak_mb": round(max(build_peak, run_peak) - base, 2),
         "run_peak_mb": round(run_peak - built, 2),
         "hwm_reset": reset,
+        "worker_private_mb": round(worker, 2),
     }
+
+
+def _worker_private_mb() -> float:
+    from minfer_core import procs
+
+    team = procs._team
+    if team is None or not team.pid:
+        return 0.0
+    total = 0.0
+    with open(f"/proc/{team.pid}/smaps_rollup") as fh:
+        for line in fh:
+            if line.startswith(("Private_Clean:", "Private_Dirty:")):
+                total += int(line.split()[1]) / 1024.0
+    return total
 
 
 def main() -> None:

@@ -40,6 +40,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=2, help="onnxruntime's intra-op threads")
     parser.add_argument("--minfer-threads", type=_thread_count, default="auto",
                         help="numpy BLAS threads for minfer: a count or 'auto' (default; see minfer_core.threads)")
+    parser.add_argument("--parallel", choices=("threads", "processes"), default=None,
+                        help="how minfer's kernels split their work (default: MINFER_PARALLEL, else threads)")
     parser.add_argument("--ref-repeat", type=int, default=1, help="timed ReferenceEvaluator runs")
     parser.add_argument("--no-ref", action="store_true", help="skip the ReferenceEvaluator")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
