@@ -18,6 +18,12 @@ from minfer_core.stages import Calibration, Stage, choose, producers, split
 from . import outkernels as ok
 from .outkernels import node
 
+
+@pytest.fixture(autouse=True)
+def threads_mode(monkeypatch):
+    """Stages are the threads mode's (a process team's runs do not stage): whatever MINFER_PARALLEL says."""
+    monkeypatch.setenv("MINFER_PARALLEL", "threads")
+
 N = 64
 
 
