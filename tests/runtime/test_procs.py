@@ -29,11 +29,13 @@ RUNS = 2 * Dispatch.TRIALS + 4  # discovery, the timed trials, then steady runs
 
 @pytest.fixture(autouse=True)
 def share_everything(monkeypatch):
-    """Share every candidate step (timing decides otherwise) and take the conv's first method (no tuner)."""
-    from minfer_ops_conv import conv
+    """Share every candidate step (timing decides otherwise) and take the conv's first method and the
+    depthwise conv's first layout (no tuners: two engines could time their way to different ones)."""
+    from minfer_ops_conv import conv, depthwise
 
     monkeypatch.setattr(Dispatch, "GAIN", 1e9)
     monkeypatch.setattr(conv, "TUNE", False)
+    monkeypatch.setattr(depthwise, "TUNE", False)
 
 
 def _model(nodes, inputs, outputs, inits=(), opsets=(("", 17),)):
