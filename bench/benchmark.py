@@ -31,6 +31,9 @@ from bench.models import LIGHT, build, models
 from bench.progress import Progress
 
 PAUSE = 0.25  # seconds between engines: longer than the BLAS/ORT spin-wait
+# untimed runs of each engine before the rounds: minfer plans a shape on its first run, and with a process
+# team (--parallel processes) times what to share and team against threads over its next 9 runs
+WARMUP = 10
 RESULTS = Path(__file__).parent / "results"
 Runner = Callable[[dict[str, np.ndarray]], Any]
 
@@ -106,7 +109,8 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progr
     build_s = time.perf_counter() - t0
     o_run, _ = make_session("onnxruntime", blob, args.threads)
     got, want = m_run(feeds)[0], o_run(feeds)[0]
-    m_run(feeds), o_run(feeds)  # warm-up: minfer plans the shape on its first run
+    for _ in range(WARMUP - 1):  # (the first run of each is the one above)
+        m_run(feeds), o_run(feeds)
     row: dict[str, Any] = {"model": name, "batch": batch, "minfer_build_s": round(build_s, 3)}
     row["max_rel_err"] = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
     m_times: list[float] = []
