@@ -113,6 +113,33 @@ _PARK = object()  # the job that sends a worker to sleep until the pool is next 
 _callers = threading.local()  # .saved: the CPU sets of this thread before the pools it entered pinned it
 
 
+def pin_caller(where: Callable[[], int] | None = _cpu_query()) -> int | None:
+    """Pin the calling thread to the CPU it is on (``where()``) until `unpin_caller`; returns that CPU, or
+    None when nothing was pinned (no query, or not allowed here: placement is then left to the scheduler).
+    Calls nest: each pin is undone by one unpin."""
+    saved, cpu = None, None
+    if where is not None:
+        try:
+            saved = os.sched_getaffinity(0)
+            cpu = where()
+            os.sched_setaffinity(0, {cpu})
+        except OSError:
+            saved, cpu = None, None
+    _callers.__dict__.setdefault("saved", []).append(saved)
+    return cpu
+
+
+def unpin_caller() -> None:
+    """Give the calling thread back the CPU set it had before its last `pin_caller`."""
+    stack = _callers.__dict__.get("saved")
+    saved = stack.pop() if stack else None
+    if saved is not None:
+        try:
+            os.sched_setaffinity(0, saved)
+        except OSError:
+            pass
+
+
 class ThreadPool:
     """``threads - 1`` daemon workers plus the calling thread; one `run` at a time (others run serially).
 
@@ -236,24 +263,10 @@ class ThreadPool:
         self._unpin_caller()
 
     def _pin_caller(self) -> None:
-        saved = None
-        if self.threads > 1 and len(self._cpus) > 1:
-            try:
-                saved = os.sched_getaffinity(0)
-                os.sched_setaffinity(0, {self._where()})  # type: ignore[misc]
-            except OSError:  # not allowed here: leave placement to the scheduler
-                saved = None
-        stack = _callers.__dict__.setdefault("saved", [])
-        stack.append(saved)
+        pin_caller(self._where if self.threads > 1 and len(self._cpus) > 1 else None)
 
     def _unpin_caller(self) -> None:
-        stack = _callers.__dict__.get("saved")
-        saved = stack.pop() if stack else None
-        if saved is not None:
-            try:
-                os.sched_setaffinity(0, saved)
-            except OSError:
-                pass
+        unpin_caller()
 
     def _wake_workers(self) -> None:
         with self._users_lock:

@@ -46,6 +46,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .parallel import pin_caller, unpin_caller, using_pool
+
 # ---- shared memory and state generations ------------------------------------------------
 
 _generation = 0
@@ -445,8 +447,6 @@ class Team:
 
     def run_step(self, fn: Callable[..., Any], args: list[Any], encoded: list[Any]) -> Any:
         """``fn(*args)`` with the worker running its share; raises PeerFailed if the worker failed."""
-        from .parallel import using_pool
-
         c = self.control
         assert c is not None and self.pool0 is not None
         self._post((id(fn), encoded))  # `register`ed when its plan was bound, before the fork
@@ -473,7 +473,6 @@ class Team:
 
 def _worker(control: _Control, read_fd: int, parent: int) -> None:
     """The worker's loop: sleep until woken, then run steps until told to park."""
-    from .parallel import using_pool
     from .threads import set_blas_threads
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -536,48 +535,19 @@ def _die_with_parent() -> None:
         pass
 
 
-_saved_affinity: list[Any] = []
-
-
 def _place(worker: int) -> None:
     """Pin this thread to its CPU and the worker to the others for the run (two spinners must not share one)."""
-    try:
-        cpus = os.sched_getaffinity(0)
-        here = _cpu()
-        if here is None or len(cpus) < 2:
-            _saved_affinity.append(None)
-            return
-        os.sched_setaffinity(0, {here})
-        os.sched_setaffinity(worker, cpus - {here})
-        _saved_affinity.append(cpus)
-    except (AttributeError, OSError):
-        _saved_affinity.append(None)
-
-
-def _unplace() -> None:
-    saved = _saved_affinity.pop() if _saved_affinity else None
-    if saved is not None:
+    cpus = os.sched_getaffinity(0)
+    here = pin_caller()
+    if here is not None:
         try:
-            os.sched_setaffinity(0, saved)
-        except OSError:
+            os.sched_setaffinity(worker, cpus - {here})
+        except OSError:  # the worker is gone: its step fails over to this process
             pass
 
 
-def _cpu_function() -> Callable[[], int] | None:
-    try:
-        fn = ctypes.CDLL(None).sched_getcpu
-    except (OSError, AttributeError):
-        return None
-    fn.argtypes, fn.restype = [], ctypes.c_int
-    return fn
-
-
-_getcpu = _cpu_function()
-
-
-def _cpu() -> int | None:
-    cpu = _getcpu() if _getcpu is not None else -1
-    return cpu if cpu >= 0 else None
+def _unplace() -> None:
+    unpin_caller()
 
 
 _team: Team | None = None
