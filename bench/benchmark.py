@@ -109,8 +109,14 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progr
     build_s = time.perf_counter() - t0
     o_run, _ = make_session("onnxruntime", blob, args.threads)
     got, want = m_run(feeds)[0], o_run(feeds)[0]
-    for _ in range(WARMUP - 1):  # (the first run of each is the one above)
-        m_run(feeds), o_run(feeds)
+    # each engine warms up alone (the first run of each is the one above): right after a run onnxruntime's
+    # threads spin on both cores, and minfer's process mode times its choices during these runs
+    time.sleep(PAUSE)
+    for _ in range(WARMUP - 1):
+        m_run(feeds)
+    time.sleep(PAUSE)
+    for _ in range(WARMUP - 1):
+        o_run(feeds)
     row: dict[str, Any] = {"model": name, "batch": batch, "minfer_build_s": round(build_s, 3)}
     row["max_rel_err"] = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
     m_times: list[float] = []
