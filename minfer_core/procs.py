@@ -563,6 +563,18 @@ def team() -> Team | None:
     return _team
 
 
+def worker_cpu_seconds() -> float:
+    """CPU-seconds the live worker of this process's team has used (0 without one)."""
+    if _team is None or not _team.pid:
+        return 0.0
+    try:
+        with open(f"/proc/{_team.pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
 def _forget_after_fork() -> None:
     """A process forked from a team's parent (our worker, or the program's own fork) has no team."""
     global _team

@@ -109,7 +109,11 @@ def _usable_cpus() -> int:
 
 
 def _cpu_sample() -> tuple[float, float] | None:
-    """(CPU-seconds all processes have been busy, CPU-seconds of this process), or None off Linux."""
+    """(CPU-seconds all processes have been busy, CPU-seconds of this process), or None off Linux.
+
+    This process's time includes its process team's worker (procs.py), live or reaped: the worker spins
+    on a core during runs, and counted as another process's load it would make the next run use 1 thread.
+    """
     import os
     import resource
 
@@ -120,5 +124,9 @@ def _cpu_sample() -> tuple[float, float] | None:
         return None
     ticks = [int(f) for f in fields]
     busy = sum(ticks) - ticks[3] - (ticks[4] if len(ticks) > 4 else 0)  # all but idle and iowait
+    from .procs import worker_cpu_seconds
+
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return busy / os.sysconf("SC_CLK_TCK"), usage.ru_utime + usage.ru_stime
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)  # workers already replaced and reaped
+    own = usage.ru_utime + usage.ru_stime + children.ru_utime + children.ru_stime + worker_cpu_seconds()
+    return busy / os.sysconf("SC_CLK_TCK"), own

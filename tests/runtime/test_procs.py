@@ -291,3 +291,26 @@ def test_mode_choice_keeps_the_faster_way():
         m.record(team, times[team])
     assert m.team is False and m.want_team() is False
     assert procs.ModeChoice(False).want_team() is False  # nothing shared: threads from the start
+
+
+def test_auto_threads_count_the_worker_as_this_process(minfer_plugin):
+    """The worker spins during runs: "auto" must not take it for another process's load and drop to 1 thread."""
+    from minfer_core.threads import AutoThreads
+
+    minfer_plugin(_Flaky())
+    sess = minfer_core.InferenceSession(_double_model(), threads="auto", parallel="processes")
+    x = np.ones((4, 1000), np.float32)
+    _runs(sess, {"x": x})
+    pid = procs.team().pid
+    assert pid and procs.worker_cpu_seconds() > 0
+    auto = AutoThreads(2, interval=0.0)
+    auto.choose()
+    team = procs.team()
+    assert team.begin()
+    try:
+        end = time.perf_counter() + 0.3
+        while time.perf_counter() < end:  # the worker spins on the other CPU meanwhile
+            pass
+    finally:
+        team.end()
+    assert auto.choose() == 2, f"the worker's spinning counted as other load ({auto.others:.2f} cores)"
