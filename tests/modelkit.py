@@ -52,3 +52,18 @@ def outputs_around(graph: Any, apply: Any) -> tuple[bool, list[np.ndarray], list
     want = InferenceSession(before, passes="none").run(None, feeds)
     got = InferenceSession(graph.copy(), passes="none").run(None, feeds)
     return changed, want, got
+
+
+def reference_conv(x, w, b, pads, strides):
+    """Direct float64 conv: a sum over kernel taps of strided input slices."""
+    n = x.shape[0]
+    m, _, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
+    oh = (xp.shape[2] - kh) // strides[0] + 1
+    ow = (xp.shape[3] - kw) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
+            y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), patch)
+    return y + b.reshape(1, -1, 1, 1)

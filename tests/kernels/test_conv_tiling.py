@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from modelkit import reference_conv
 
 from minfer_core.parallel import using_threads
 from minfer_ops_conv import conv, tiles, tuner
@@ -65,20 +66,6 @@ def test_no_channel_split_when_too_few_channels_or_too_little_work(monkeypatch, 
     assert cut(*args, prefer="channels") == cut(*args)
 
 
-def _reference(x, w, b, pads, strides):
-    """Direct float64 conv: a sum over kernel taps of strided input slices."""
-    m, _, kh, kw = w.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oh = (xp.shape[2] - kh) // strides[0] + 1
-    ow = (xp.shape[3] - kw) // strides[1] + 1
-    y = np.zeros((x.shape[0], m, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
-            y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), patch)
-    return y + b.reshape(1, -1, 1, 1)
-
-
 CASES = [
     # (x shape, w shape, pads, strides): odd sizes; channel counts that do not halve into multiples of 16
     ((1, 24, 13, 11), (40, 24, 1, 1), [0, 0, 0, 0], [1, 1]),     # pointwise, GEMM straight on the input
@@ -102,7 +89,7 @@ def test_both_preferences_compute_the_conv(monkeypatch, xs, ws, pads, strides, f
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
-    want = _reference(x, w, b, pads, strides)
+    want = reference_conv(x, w, b, pads, strides)
     win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
     p = conv.pack(w, 1, build_time=True, bias=b if folded else None)
     method = conv._pointwise if ws[2:] == (1, 1) else conv._im2col

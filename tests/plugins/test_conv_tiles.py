@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from modelkit import reference_conv
 
 from minfer_core.parallel import using_threads
 from minfer_ops_conv import conv, tuner, winograd
@@ -66,21 +67,6 @@ def test_row_tiles_are_balanced_for_the_threads():
     assert len(tiles) % SPLIT == 0 and max(sizes) - min(sizes) <= 1
 
 
-def _reference(x, w, b, pads, strides):
-    """Direct float64 conv: a sum over kernel taps of strided input slices."""
-    n, c, h, wd = x.shape
-    m, _, kh, kw = w.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])))
-    oh = (xp.shape[2] - kh) // strides[0] + 1
-    ow = (xp.shape[3] - kw) // strides[1] + 1
-    y = np.zeros((n, m, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = xp[:, :, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
-            y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), patch)
-    return y + b.reshape(1, -1, 1, 1)
-
-
 CASES = [
     # (x shape, w shape, pads, strides): big enough that tiles split, odd sizes
     ((1, 64, 17, 15), (64, 64, 3, 3), [1, 1, 1, 1], [1, 1]),
@@ -115,7 +101,7 @@ def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads,
     x = rng.standard_normal(xs).astype(np.float32)
     w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
-    want = _reference(x, w, b, pads, strides)
+    want = reference_conv(x, w, b, pads, strides)
     win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
     p = conv.pack(w, 1, build_time=True, bias=b if folded else None)
     assert (p.biased is not None) is folded and np.array_equal(p.matrix[0], w.reshape(ws[0], -1))
@@ -148,7 +134,7 @@ def test_tuner_keeps_a_correct_method_per_thread_count(monkeypatch):
     p = conv.pack(w, 1, build_time=True, bias=b)
     plan = conv.plan_for(win, p, 64)
     assert isinstance(plan, conv.Tuned)
-    want = _reference(x, w, b, [1, 1, 1, 1], [1, 1])
+    want = reference_conv(x, w, b, [1, 1, 1, 1], [1, 1])
     for threads in (1, 2, 1):
         y = np.empty(want.shape, np.float32)
         with using_threads(threads):
@@ -205,7 +191,7 @@ def test_winograd_weights_are_held_only_while_a_chosen_method_uses_them(monkeypa
     run = conv.conv.fn(Ctx(), pads=[1, 1, 1, 1])
     x = rng.standard_normal((1, 64, 16, 16)).astype(np.float32)
     y = run(x, None)
-    np.testing.assert_allclose(y, _reference(x, w, np.zeros(64), [1, 1, 1, 1], [1, 1]), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, reference_conv(x, w, np.zeros(64), [1, 1, 1, 1], [1, 1]), rtol=1e-4, atol=1e-4)
     assert packs[0].has_winograd_weights is kept
 
 
@@ -224,7 +210,7 @@ def test_grouped_convs_split_by_group(monkeypatch, threads, xs, ws, group, pads,
     w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
     b = rng.standard_normal(ws[0]).astype(np.float32)
     cg, mg = xs[1] // group, ws[0] // group
-    want = np.concatenate([_reference(x[:, k * cg : (k + 1) * cg], w[k * mg : (k + 1) * mg], b[k * mg : (k + 1) * mg],
+    want = np.concatenate([reference_conv(x[:, k * cg : (k + 1) * cg], w[k * mg : (k + 1) * mg], b[k * mg : (k + 1) * mg],
                                       pads, strides) for k in range(group)], axis=1)
     win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
     p = conv.pack(w, group, build_time=True)
