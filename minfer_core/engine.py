@@ -389,14 +389,16 @@ class Engine:
             size = align(plan.arena_bytes)
             self._arena = procs.shared_empty(size) if self.parallel == "processes" else np.empty(size, dtype=np.uint8)
             self._bound = {s: bind_buffers(p, self._arena) for s, p in self._plans.items()}
-            self._shared = {s: procs.Dispatch(_shareable(b)) for s, b in self._bound.items()}
+            if self.parallel == "processes":
+                self._shared = {s: procs.Dispatch(_shareable(b)) for s, b in self._bound.items()}
             self._staged.clear()
             for s, (st, c) in self._stages.items():
                 if st:
                     self._staged[s] = compose(self._bound[s], st, c)
         else:
             self._bound[sig] = bind_buffers(plan, self._arena)
-            self._shared[sig] = procs.Dispatch(_shareable(self._bound[sig]))
+            if self.parallel == "processes":  # (only a process team reads these)
+                self._shared[sig] = procs.Dispatch(_shareable(self._bound[sig]))
             self._staged.pop(sig, None)
             if stages:
                 self._staged[sig] = compose(self._bound[sig], stages, cost)
@@ -473,9 +475,12 @@ class Engine:
             raise self._failure(failure) from failure.__cause__
 
     def _feed_slots(self, dispatch: procs.Dispatch) -> list[int]:
-        inputs = {self.slots[n] for n in self.graph.inputs}
+        """The input slots that the steps ``dispatch`` shares read (computed once per set of flags)."""
         flags = dispatch.flags or dispatch.candidates
-        return sorted({s for st, f in zip(self.steps, flags) if f for s in st[1]} & inputs)
+        if dispatch.feeds is None or dispatch.feeds[0] is not flags:
+            inputs = {self.slots[n] for n in self.graph.inputs}
+            dispatch.feeds = (flags, sorted({s for st, f in zip(self.steps, flags) if f for s in st[1]} & inputs))
+        return dispatch.feeds[1]
 
     def _stage(self, slot: int, value: np.ndarray) -> np.ndarray:
         """``value`` copied into this engine's shared staging memory for feed ``slot`` (grown when needed)."""

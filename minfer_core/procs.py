@@ -59,10 +59,6 @@ def state_changed() -> None:
     _generation += 1
 
 
-def generation() -> int:
-    return _generation
-
-
 # (first address, end address, weak reference to the uint8 array) per shared region, in creation order
 _regions: list[tuple[int, int, Any]] = []
 
@@ -146,6 +142,7 @@ class Dispatch:
     def __init__(self, candidates: Sequence[bool]) -> None:
         self.candidates = list(candidates)
         self.flags: list[bool] | None = None
+        self.feeds: tuple[list[bool], list[int]] | None = None  # (the flags, the feed slots they read): a cache
         self._shared: list[list[float]] = []
         self._alone: list[list[float]] = []
         self._first = True
@@ -203,21 +200,16 @@ class ModeChoice:
 # ---- step registry ----------------------------------------------------------------------
 
 _steps: "weakref.WeakValueDictionary[int, Callable[..., Any]]" = weakref.WeakValueDictionary()
-_strong: dict[int, Callable[..., Any]] = {}
 
 
 def register(fn: Callable[..., Any]) -> int:
-    """A key the worker resolves to this same callable (which must exist before the fork)."""
-    key = id(fn)
-    try:
-        _steps[key] = fn
-    except TypeError:  # not weakly referable: keep it (step callables are few and live as long as plans)
-        _strong[key] = fn
-    return key
+    """A key the worker resolves to this same callable (a bound step's partial, made before the fork)."""
+    _steps[id(fn)] = fn
+    return id(fn)
 
 
 def _resolve(key: int) -> Callable[..., Any]:
-    fn = _steps.get(key) or _strong.get(key)
+    fn = _steps.get(key)
     if fn is None:
         raise RuntimeError(f"step {key} unknown in the worker")
     return fn
@@ -595,12 +587,3 @@ def _shutdown() -> None:
     if _team is not None:
         _team.stop()
 
-
-def wait_for(check: Callable[[], bool], timeout: float) -> bool:
-    """Poll ``check`` until it is true or ``timeout`` seconds pass (tests)."""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():
-            return True
-        time.sleep(0.001)
-    return check()

@@ -78,7 +78,12 @@ def execute_team(vals: list[Any], steps: Sequence[Step], shared: Sequence[bool],
             else:
                 try:
                     res = team.run_step(fn, args, encoded)
-                except PeerFailed:
+                except PeerFailed as exc:
+                    out = getattr(fn, "keywords", {}).get("out")
+                    if out is not None and any(type(a) is np.ndarray and np.may_share_memory(a, out) for a in args):
+                        # in place: this process's share already overwrote its input, so it cannot start again
+                        raise RuntimeError("the process team's worker failed during this in-place step, whose "
+                                           "input is partly overwritten: it cannot be computed again") from exc
                     res = fn(*args)  # the worker failed or left: this process computes the whole step again
             _store(vals, res, out0, outs, free)
             if times is not None:

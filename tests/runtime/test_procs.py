@@ -161,11 +161,11 @@ class _Flaky:
 
     @hookimpl
     def register_ops(self, register):
-        register(op("Double", domain="test.procs"))
+        register(op("Double", domain="test.procs"), op("DoubleInPlace", domain="test.procs"))
 
     @hookimpl
     def register_kernels(self, register):
-        register(_double)
+        register(_double, _double_in_place)
 
 
 @kernel("Double", domain="test.procs", prepare=True, out=True, views=False)
@@ -185,10 +185,15 @@ def _double(ctx):
     return spmd(run)
 
 
-def _double_model():
+@kernel("DoubleInPlace", domain="test.procs", prepare=True, out=True, inplace=(0,), views=False)
+def _double_in_place(ctx):
+    return _double.fn(ctx)
+
+
+def _double_model(op_type="Double"):
     nodes = [
         helper.make_node("Abs", ["x"], ["a"]),
-        helper.make_node("Double", ["a"], ["d"], domain="test.procs"),
+        helper.make_node(op_type, ["a"], ["d"], domain="test.procs"),
         helper.make_node("Concat", ["d", "d"], ["y"], axis=0),
     ]
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 1000])
@@ -217,6 +222,22 @@ def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plu
     for got in _runs(sess, {"x": x}, 3):
         np.testing.assert_array_equal(got, expected)
     assert team.forks > forks
+
+
+def test_a_failing_worker_share_of_an_in_place_step_is_an_error(minfer_plugin, tmp_path, monkeypatch):
+    flag = tmp_path / "fail"
+    monkeypatch.setattr(_Flaky, "FLAG", str(flag))
+    minfer_plugin(_Flaky())
+    sess = minfer_core.InferenceSession(_double_model("DoubleInPlace"), threads=2, parallel="processes")
+    x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
+    for got in _runs(sess, {"x": x}):
+        np.testing.assert_array_equal(got, np.concatenate([2 * np.abs(x)] * 2))
+    flag.write_text("")
+    try:
+        with pytest.raises(minfer_core.KernelError, match="in-place"):  # never a silently doubled half
+            sess.run(None, {"x": x})
+    finally:
+        flag.unlink()
 
 
 def test_a_killed_worker_is_replaced(minfer_plugin):
