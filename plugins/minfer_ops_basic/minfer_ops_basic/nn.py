@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -10,8 +11,8 @@ import numpy as np
 import minfer_core
 from minfer_core import kernel
 
-from .activation import softmax
-from .elementwise import arr, is_exotic
+from .activation import by_rows, softmax
+from .elementwise import arr, into, is_exotic
 
 
 def _wide(dtype: np.dtype) -> np.dtype:
@@ -33,11 +34,75 @@ def _mean_square(rows: np.ndarray) -> np.ndarray:
     return np.einsum("ij,ij->i", rows, rows) / np.asarray(max(rows.shape[1], 1), rows.dtype)
 
 
-@kernel("LayerNormalization", since=17)
-def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1):
+# float32/float64 rows whose stash type is their own go in blocks over the intra-op
+# threads (`by_rows`), each a few long numpy calls into the output: row sums as
+# matrix-vector products, sums of squares by einsum (np.mean over rows of 256 floats
+# is 4x slower than the product). Other dtypes keep the whole-array path.
+_ROW_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _flat(p: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
+    """Scale or bias broadcast to the normalized shape, as one contiguous row (None stays None)."""
+    if p is None:
+        return None
+    p = p.astype(dtype, copy=False)
+    return p.reshape(-1) if p.shape == shape else np.ascontiguousarray(np.broadcast_to(p, shape)).reshape(-1)
+
+
+def _normalized_rows(x: np.ndarray, y: np.ndarray, inv: np.ndarray, scale: np.ndarray, b: np.ndarray | None,
+                     epsilon: float) -> None:
+    """y = y * inv * scale (+ b) row by row, inv = 1 / sqrt(mean(y * y) + epsilon) computed here; x is y's source."""
+    np.einsum("ij,ij->i", x, x, out=inv)
+    inv /= np.asarray(x.shape[1], inv.dtype)
+    inv += np.asarray(epsilon, inv.dtype)
+    np.sqrt(inv, out=inv)
+    np.divide(np.asarray(1, inv.dtype), inv, out=inv)
+    np.multiply(x, inv[:, None], out=y)
+    y *= scale
+    if b is not None:
+        y += b
+
+
+def _layer_norm_rows(x: np.ndarray, y: np.ndarray, mean: np.ndarray, inv: np.ndarray, scale: np.ndarray,
+                     b: np.ndarray | None, epsilon: float) -> None:
+    np.matmul(x, _reciprocals(x.shape[1], x.dtype), out=mean)
+    np.subtract(x, mean[:, None], out=y)
+    _normalized_rows(y, y, inv, scale, b, epsilon)
+
+
+@functools.lru_cache(maxsize=16)
+def _reciprocals(size: int, dtype: np.dtype) -> np.ndarray:
+    """A read-only vector of 1/size: ``rows @ it`` is the row means."""
+    v = np.full(size, 1 / size, dtype)
+    v.flags.writeable = False
+    return v
+
+
+def _row_path(x: np.ndarray, stash: np.dtype, axis: int, *params: np.ndarray | None) -> bool:
+    """Whether the blocked row kernels apply: x computes in its own float type, params broadcast to the rows."""
+    return (x.dtype == stash and stash in _ROW_TYPES and x.size > 0
+            and all(p is None or p.ndim <= x.ndim - axis % x.ndim for p in params))
+
+
+@kernel("LayerNormalization", since=17, out=True)
+def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
     """LayerNormalization-17: standardize over axes [axis, rank), then scale and shift; also Mean, InvStdDev."""
     stash = minfer_core.onnx_dtype(stash_type)
     outer, inner, stat_shape = _rows(x, axis)
+    if not _row_path(x, stash, axis, scale, b):
+        y, mean, inv_std = _layer_norm_whole(x, scale, b, outer, inner, stash, epsilon)
+        return into(out, y), mean.reshape(stat_shape), inv_std.reshape(stat_shape)
+    shape = x.shape[axis % x.ndim:]
+    g, c = _flat(scale, shape, stash), _flat(b, shape, stash)
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    x2, y2 = x.reshape(outer, inner), y.reshape(outer, inner)  # planned buffers are C-contiguous: a view
+    mean, inv_std = np.empty(outer, stash), np.empty(outer, stash)
+    by_rows(lambda lo, hi: _layer_norm_rows(x2[lo:hi], y2[lo:hi], mean[lo:hi], inv_std[lo:hi], g, c, epsilon),
+            outer, inner)
+    return y, mean.reshape(stat_shape), inv_std.reshape(stat_shape)
+
+
+def _layer_norm_whole(x, scale, b, outer: int, inner: int, stash: np.dtype, epsilon: float) -> tuple[np.ndarray, ...]:
     v = x.astype(stash, copy=False).reshape(outer, inner)
     mean = np.mean(v, axis=1, keepdims=True)
     d = v - mean  # a fresh array: everything below works in place on it
@@ -47,19 +112,26 @@ def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1
     y *= scale.astype(stash, copy=False)
     if b is not None:
         y += b.astype(stash, copy=False)
-    return arr(y, x.dtype), arr(mean.reshape(stat_shape), stash), arr(inv_std.reshape(stat_shape), stash)
+    return arr(y, x.dtype), arr(mean, stash), arr(inv_std, stash)
 
 
-@kernel("RMSNormalization", since=23)
-def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1):
+@kernel("RMSNormalization", since=23, out=True)
+def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None):
     """RMSNormalization-23: x / sqrt(mean(x*x over axes [axis, rank)) + epsilon) * scale."""
     stash = minfer_core.onnx_dtype(stash_type)
     outer, inner, _ = _rows(x, axis)
-    v = x.astype(stash, copy=False).reshape(outer, inner)
-    inv_rms = 1 / np.sqrt(_mean_square(v) + np.asarray(epsilon, stash))[:, None]
-    y = (v * inv_rms).reshape(x.shape)
-    y *= scale.astype(stash, copy=False)
-    return arr(y, x.dtype)
+    if not _row_path(x, stash, axis, scale):
+        v = x.astype(stash, copy=False).reshape(outer, inner)
+        inv_rms = 1 / np.sqrt(_mean_square(v) + np.asarray(epsilon, stash))[:, None]
+        y = (v * inv_rms).reshape(x.shape)
+        y *= scale.astype(stash, copy=False)
+        return into(out, arr(y, x.dtype))
+    g = _flat(scale, x.shape[axis % x.ndim:], stash)
+    y = np.empty(x.shape, x.dtype) if out is None else out
+    x2, y2 = x.reshape(outer, inner), y.reshape(outer, inner)
+    inv = np.empty(outer, stash)
+    by_rows(lambda lo, hi: _normalized_rows(x2[lo:hi], y2[lo:hi], inv[lo:hi], g, None, epsilon), outer, inner)
+    return y
 
 
 # --- RotaryEmbedding ---------------------------------------------------------
