@@ -84,7 +84,7 @@ def tiny_chunks(monkeypatch):
     """Chunks of one plane and a split whatever the size: the multi-chunk, two-thread path on small inputs."""
     monkeypatch.setattr(pool, "_CHUNK_BYTES", 1)
     monkeypatch.setattr(pool, "_SPLIT_BYTES", 0)
-    monkeypatch.setattr(pool, "_SPLIT_WORK", 0)
+    monkeypatch.setattr(pool, "_SPLIT_CELLS", 0)
     monkeypatch.setattr(norm, "_LRN_CHUNK_BYTES", 1)
     monkeypatch.setattr(norm, "_LRN_SPLIT_BYTES", 0)
 
@@ -225,15 +225,16 @@ def test_pool_at_model_shapes_matches_reference():
 
 
 @pytest.mark.parametrize("shape,split", [
-    ((1, 24, 112, 112), False),  # shufflenet's stem pool, 1.2 MB: lost 10% split
-    ((2, 272, 14, 14), False),
-    ((4, 272, 14, 14), True),  # narrow planes: split from fewer bytes (0.8 MB)
+    ((1, 24, 112, 112), False),  # shufflenet's stem pool: 301k cells
+    ((1, 320, 28, 28), False),  # lost 20% split: each thread's numpy calls too short for the GIL hand-overs
+    ((8, 272, 14, 14), False),
     ((8, 24, 56, 56), True),
     ((1, 192, 56, 56), True),
+    ((1, 64, 112, 112), True),
 ])
-def test_windowed_pools_split_by_work(shape, split, monkeypatch):
-    """A windowed pool is handed to the threads when its cells, weighted for narrow planes, pass the line
-    (else it runs as one part: in a process team, one process computes it)."""
+def test_windowed_pools_split_by_cells(shape, split, monkeypatch):
+    """A windowed pool is handed to the threads from 550k input cells (else it runs as one part: in a
+    process team, one process computes it)."""
     calls = []
     real = pool.parallel_for
 
@@ -310,3 +311,24 @@ def test_lrn_split_in_chunks_over_two_threads_matches_serial(tiny_chunks):
     with using_threads(2):
         assert fn(x, out=out) is out
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int8, np.uint8, np.int32])
+@pytest.mark.parametrize("spatial,pads,ceil", [((9, 11), [0, 0, 0, 0], 0), ((10, 12), [1, 1, 1, 1], 0),
+                                                ((7, 9), [0, 0, 1, 1], 1), ((6, 4), [0, 1, 0, 0], 1)])
+def test_stride_2_column_picks_keep_every_dtype(dtype, spatial, pads, ceil):
+    """Stride-2 pools (whose kept columns are read as pairs of cells) equal the reference bit for bit in every
+    dtype, odd and even widths, pads and ceil_mode, serially and over two threads."""
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((2, 5) + spatial) * 50).astype(dtype)
+    if dtype == np.float32:
+        x[0, 0, 0, :2] = [-0.0, np.nan]  # signs of zero and NaNs survive the pick
+    attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": pads, "ceil_mode": ceil}
+    fn = make_kernel("MaxPool", 12, x, attrs)
+    want = reference_pool(x, attrs, "max")
+    np.testing.assert_array_equal(fn(x), want)
+    assert np.array_equal(np.signbit(fn(x)), np.signbit(want))
+    with using_threads(2):
+        out = np.empty_like(want)
+        fn(x, out=out)
+    np.testing.assert_array_equal(out, want)

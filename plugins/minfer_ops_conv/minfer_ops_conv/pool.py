@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 import threading
 from typing import Callable
 
@@ -23,25 +24,25 @@ from . import _geometry as geo
 
 _ALL = (slice(None), slice(None))
 # a chunk's input planes plus its scratch. Not L2-sized: each numpy call costs a few microseconds
-# of Python, so many small chunks lose more than the cache saves; this only bounds the scratch.
-_CHUNK_BYTES = 4 * 1024 * 1024
+# of Python, so many small chunks lose more than the cache saves; this only bounds the scratch. 8 MB
+# (was 4) gives each thread one chunk at the zoo's batch-1 stem pools, and wins at batch 8 too (split
+# over 2 threads, us): 8x64x112x112 max 3x3 s2 3436 -> 2702, 8x64x111x111 2594 -> 2156; 16 MB lost
+# 20% at batch 8 (two threads' chunks no longer both fit in the 32 MB L3).
+_CHUNK_BYTES = 8 * 1024 * 1024
 # below this input size a global pool is cheaper whole than split between two threads
 _SPLIT_BYTES = 5 * 1024 * 1024 // 2
-# windowed pools split from this much work: input cells times (1 + 15 / last input dim), as narrow planes
-# cost more per cell (shorter runs, more numpy calls per cell); the split pays from about 150 us serial.
-# Measured serial -> split (2 threads, us): 4x24x56x56 avg 140 -> 127, 4x272x14x14 avg 183 -> 160,
-# 8x272x14x14 avg 381 -> 229, 1x192x56x56 max 269 -> 200, 1x480x28x28 max 207 -> 173; but
-# 1x24x112x112 max 127 -> 139, 1x256x28x28 max 112 -> 137, 2x136x28x28 avg 130 -> 135,
-# 2x272x14x14 avg 99 -> 127 (the hand-over costs ~45 us here). Bytes alone put the line in the wrong
-# place: 1.7 MB of 14x14 planes gained 40% from a split where 1.2 MB of 112x112 ones lost. Newly split
-# by this rule at other zoo shapes: 1x512x28x28 avg 2x2 119 -> 94, 1x1024x14x14 avg 2x2 83 -> 70,
-# 1x512x27x27 max 3x3 s2 193 -> 148, 1x512x28x28 max 2x2 135 -> 98; left whole: 1x832x14x14 max
-# 3x3 s2 (128 vs 122 split), 1x512x14x14 max 2x2 (45 vs 63).
-_SPLIT_WORK = 350_000
+# windowed pools split from this many input cells. A waiting thread needs the GIL back after each of
+# the ~10 numpy calls of a chunk, and a contended hand-over costs 25-75 us here, so the split pays
+# only when each call is long. Measured serial -> split at 2 threads, workers spinning as in a run (us):
+# 1x64x112x112 max 3x3 s2 405 -> 299, 1x64x111x111 388 -> 296, 1x192x56x56 360 -> 331,
+# 1x192x55x55 297 -> 267, 8x512x14x14 avg 2x2 523 -> 333, 8x136x28x28 avg 3x3 s2 746 -> 664; but
+# 1x128x56x56 avg 2x2 159 -> 161, 1x128x55x55 max 222 -> 210, 1x320x28x28 max 199 -> 250,
+# 1x576x14x14 avg 3x3 s1 126 -> 213, 8x272x14x14 avg 3x3 s2 577 -> 611.
+_SPLIT_CELLS = 550_000
 
 
 def _worth_splitting(x: np.ndarray) -> bool:
-    return x.size * (1 + 15 / max(1, x.shape[-1])) >= _SPLIT_WORK
+    return x.size >= _SPLIT_CELLS
 
 _local = threading.local()
 
@@ -121,6 +122,22 @@ def _scratch(dtype: np.dtype, sizes: list[int]) -> list[np.ndarray]:
     return out
 
 
+# cells of 1, 2 or 4 bytes: the integer type of one cell and of a pair (little-endian only: see _even_columns)
+_PAIRS = {n: (np.dtype(f"i{n}"), np.dtype(f"i{2 * n}")) for n in (1, 2, 4)} if sys.byteorder == "little" else {}
+
+
+def _even_columns(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst = src[..., ::2], bit for bit, for an even-length last axis of 1-, 2- or 4-byte cells.
+
+    numpy copies a column-strided view one cell at a time; read as integers
+    of twice the width, each pair of cells is one contiguous item whose low
+    half (little-endian: the even cell) a narrowing cast keeps. 1.5-2.2x
+    faster at the zoo's stride-2 pools (64x55x111 planes: 73 -> 33 us).
+    """
+    cell, pair = _PAIRS[src.dtype.itemsize]
+    np.copyto(dst.view(cell), src.view(pair), casting="unsafe")
+
+
 def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     """A 2-D window as contiguous passes over a padded copy of the input split into row phases.
 
@@ -153,6 +170,7 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         fills.append([(slice(None),) + r for r in regions if all(d.stop > d.start for d in r)])
     shifts = [t * w.dilations[1] for t in range(w.kernel[1])]
     pick = (slice(None), slice(0, out_h), slice(0, (out_w - 1) * sw + 1, sw))
+    paired = sw == 2 and 2 * out_w <= width  # the kept columns as whole pairs of cells: see _even_columns
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         k = len(src)
@@ -173,7 +191,10 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
             _fold(op, [t[d : d + n_u] for d in shifts], u[:n_u])
         else:  # a one-column kernel: the row result is the answer (copied to get the chunk's layout back)
             np.copyto(u[:n_u], t[:n_u])
-        np.copyto(dst, u.reshape(k, rows, width)[pick])
+        if paired and src.dtype.itemsize in _PAIRS:
+            _even_columns(u.reshape(k, rows, width)[:, :out_h, : 2 * out_w], dst)
+        else:
+            np.copyto(dst, u.reshape(k, rows, width)[pick])
 
     return reduce, plane * (len(phases) + 2)
 
@@ -301,8 +322,9 @@ def _pool_plan(w: geo.Window, op, fill, dtype: np.dtype, finish=None):
         dst = y.reshape((planes,) + w.out_shape)
 
         def chunks(lo: int, hi: int) -> None:
-            for a in range(lo, hi, per_chunk):
-                b = min(hi, a + per_chunk)
+            n = -(-(hi - lo) // per_chunk)  # equal chunks: a small last one would cost as many calls as the others
+            for j in range(n):
+                a, b = lo + (hi - lo) * j // n, lo + (hi - lo) * (j + 1) // n
                 reduce(src[a:b], dst[a:b])
                 if finish is not None:
                     finish(dst[a:b])
