@@ -39,6 +39,8 @@ _SPLIT_BYTES = 5 * 1024 * 1024 // 2
 # 1x128x56x56 avg 2x2 159 -> 161, 1x128x55x55 max 222 -> 210, 1x320x28x28 max 199 -> 250,
 # 1x576x14x14 avg 3x3 s1 126 -> 213, 8x272x14x14 avg 3x3 s2 577 -> 611.
 _SPLIT_CELLS = 550_000
+# AveragePool's 1/count per output cell is kept tiled over this many cells
+_TILE_CELLS = 1 << 18
 
 
 def _worth_splitting(x: np.ndarray) -> bool:
@@ -58,26 +60,47 @@ def _tap_views(x: np.ndarray, w: geo.Window, fill) -> list[np.ndarray]:
     return [xp[_ALL + taps] for taps in w.taps()]
 
 
-def _reduce_axis(src: np.ndarray, dst: np.ndarray, axis: int, segments: list[geo.Segment], op, fill) -> None:
-    """dst = op over the taps along ``axis`` of src; outputs no tap reaches get ``fill``."""
+Step = Callable[[np.ndarray, np.ndarray], None]
+
+
+def _axis_steps(axis: int, lo: int, hi: int, segments: list[geo.Segment], op, fill) -> list[Step]:
+    """The numpy calls setting outputs ``lo:hi`` along ``axis`` of dst to op over the taps of src along it.
+
+    ``segments`` number those outputs from ``lo``; outputs no tap reaches get
+    ``fill``. The indices are worked out here, once per plan: a step then costs
+    one numpy call and no Python arithmetic (small pools are mostly such calls).
+    """
     lead = (slice(None),) * axis
+
+    def at(a: int, b: int) -> tuple[slice, ...]:
+        return lead + (slice(lo + a, lo + b),)
+
     if not segments:
-        dst.fill(fill)
-        return
+        return [_fill_step(at(0, hi - lo), fill)]
     first, rest = segments[0], segments[1:]
-    head = dst[lead + (first.dst,)]
     if rest and rest[0].dst == first.dst:
-        op(src[lead + (first.src,)], src[lead + (rest[0].src,)], out=head)
+        steps = [_pair_step(op, at(first.lo, first.hi), lead + (first.src,), lead + (rest[0].src,))]
         rest = rest[1:]
     else:
-        np.copyto(head, src[lead + (first.src,)])
-    if first.lo:
-        dst[lead + (slice(0, first.lo),)] = fill
-    if first.hi < dst.shape[axis]:
-        dst[lead + (slice(first.hi, None),)] = fill
-    for g in rest:
-        part = dst[lead + (g.dst,)]
-        op(part, src[lead + (g.src,)], out=part)
+        steps = [_copy_step(at(first.lo, first.hi), lead + (first.src,))]
+    steps += [_fill_step(at(a, b), fill) for a, b in ((0, first.lo), (first.hi, hi - lo)) if b > a]
+    return steps + [_acc_step(op, at(g.lo, g.hi), lead + (g.src,)) for g in rest]
+
+
+def _pair_step(op, out: tuple, a: tuple, b: tuple) -> Step:
+    return lambda src, dst: op(src[a], src[b], out=dst[out])
+
+
+def _copy_step(out: tuple, a: tuple) -> Step:
+    return lambda src, dst: np.copyto(dst[out], src[a])
+
+
+def _fill_step(out: tuple, fill) -> Step:
+    return lambda src, dst: dst[out].fill(fill)
+
+
+def _acc_step(op, out: tuple, a: tuple) -> Step:
+    return lambda src, dst: op(dst[out], src[a], out=dst[out])
 
 
 def _separable(w: geo.Window, op, fill) -> tuple[Reducer, int]:
@@ -91,17 +114,18 @@ def _separable(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         if w.out_shape[i] == w.in_shape[i] and segments == [geo.Segment(0, w.in_shape[i], 0, 1)]:
             continue  # a 1-wide, unstrided, unpadded axis: nothing to do
         shape[i] = w.out_shape[i]
-        passes.append((i + 1, segments))
+        passes.append(_axis_steps(i + 1, 0, w.out_shape[i], segments, op, fill))
         shapes.append(tuple(shape))
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         if not passes:
             np.copyto(dst, src)
             return
-        for j, (axis, segments) in enumerate(passes):
+        for j, steps in enumerate(passes):
             last = j == len(passes) - 1
             nxt = dst if last else np.empty((len(src),) + shapes[j], dtype=src.dtype)
-            _reduce_axis(src, nxt, axis, segments, op, fill)
+            for step in steps:
+                step(src, nxt)
             src = nxt
 
     return reduce, sum(math.prod(s) for s in shapes[:-1])
@@ -211,22 +235,23 @@ def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     rows = [t * dh - w.begin[0] for t in range(w.kernel[0])]
     cols = [t * dw - w.begin[1] for t in range(w.kernel[1])]
 
-    def edges(offsets: list[int], n: int, axis: int) -> list[tuple[tuple[slice, ...], list[geo.Segment]]]:
-        """The outputs before and after those whose every tap is inside the input, with their taps."""
+    def edges(offsets: list[int], n: int, axis: int) -> list[Step]:
+        """The steps for the outputs before and after those whose every tap is inside the input."""
         lo = min(n, -offsets[0])
         hi = max(lo, n - offsets[-1])
-        segments, lead = geo.axis_segments(w, axis - 1), (slice(None),) * axis
-        return [(lead + (slice(a, b),), geo.clip_segments(segments, a, b)) for a, b in ((0, lo), (hi, n)) if b > a]
+        segments = geo.axis_segments(w, axis - 1)
+        spans = [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
+        return [step for a, b in spans for step in _axis_steps(axis, a, b, geo.clip_segments(segments, a, b), op, fill)]
 
     r_edges, c_edges = edges(rows, h, 1), edges(cols, wd, 2)
 
-    def one_pass(src, dst, axis, offsets, stride, spans):
+    def one_pass(src, dst, offsets, stride, steps):
         flat_src, flat_dst = src.reshape(-1), dst.reshape(-1)
         a, b = -offsets[0] * stride, flat_src.size - offsets[-1] * stride
         if b > a:
             _fold(op, [flat_src[a + o * stride : b + o * stride] for o in offsets], flat_dst[a:b])
-        for index, segments in spans:
-            _reduce_axis(src, dst[index], axis, segments, op, fill)
+        for step in steps:
+            step(src, dst)
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         if len(rows) == 1:
@@ -234,11 +259,11 @@ def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         else:
             (mid,) = _scratch(src.dtype, [src.size])
             mid = mid.reshape(src.shape)
-            one_pass(src, mid, 1, rows, wd, r_edges)
+            one_pass(src, mid, rows, wd, r_edges)
         if len(cols) == 1:
             np.copyto(dst, mid)
         else:
-            one_pass(mid, dst, 2, cols, 1, c_edges)
+            one_pass(mid, dst, cols, 1, c_edges)
 
     return reduce, h * wd
 
@@ -425,11 +450,17 @@ def _average_pool(geometry, count_include_pad):
         uniform = counts.size and (counts == counts[0]).all()
         with np.errstate(divide="ignore"):  # a window on no data at all averages to NaN, as 0/0 would
             scale = np.where(counts > 0, 1.0 / counts, np.nan).astype(dtype)
-        scale = scale[0] if uniform else scale
+        if uniform:
+            scale = scale[0]
+        else:  # one run of several planes' scales: a (planes, H*W) broadcast multiply took 1.5-4x as long
+            scale = np.tile(scale, max(1, _TILE_CELLS // scale.size))
 
         def finish(y):
-            flat = y.reshape(len(y), -1)
-            np.multiply(flat, scale, out=flat)
+            flat = y.reshape(-1)
+            step = flat.size if uniform else scale.size
+            for a in range(0, flat.size, step):
+                part = flat[a : a + step]
+                np.multiply(part, scale if uniform else scale[: part.size], out=part)
 
         return _pool_plan(w, np.add, 0, dtype, finish=finish)
 
