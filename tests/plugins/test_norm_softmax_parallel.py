@@ -13,8 +13,9 @@ import pytest
 
 from minfer_core import get_registry
 from minfer_core.parallel import using_threads
-from minfer_ops_basic import activation
+from minfer_ops_basic import activation, nn
 from minfer_ops_basic.activation import SPLIT_ROWS
+from minfer_ops_basic.elementwise import SPLIT_COSTLY, erf32
 
 RNG = np.random.default_rng(0)
 SPLIT_SHAPE = (3, 5, 97, 91)  # 132k elements, past SPLIT_ROWS; 1455 rows, an odd count
@@ -148,8 +149,9 @@ def _layer_norm64(x, scale, b, axis, eps):
     (SPLIT_SHAPE, -1, True), (SPLIT_SHAPE, 2, True), ((1100, 130), -1, False), ((2, 3, 4), 0, True),
     ((1, 1, 7), -1, True), ((5, 1), -1, True),
 ])  # fmt: skip
-def test_layer_norm_rows_match_float64_and_threads(splits, shape, axis, bias):
+def test_layer_norm_rows_match_float64_and_threads(splits, monkeypatch, shape, axis, bias):
     """LayerNormalization's Y, Mean and InvStdDev: serial bits with two threads and out=, float64 values."""
+    monkeypatch.setattr(nn, "SPLIT_NORM", SPLIT_ROWS)  # split from where Softmax splits, to test that path
     x = (RNG.standard_normal(shape) * 3 + 2).astype(np.float32)
     norm = shape[axis % len(shape):]
     scale = RNG.standard_normal(norm).astype(np.float32)
@@ -183,8 +185,9 @@ def test_layer_norm_broadcast_scale_and_other_types():
 
 
 @pytest.mark.parametrize("shape,axis", [(SPLIT_SHAPE, -1), ((1100, 130), 1), ((3, 4, 5), 1), ((1, 3), -1)])
-def test_rms_norm_rows_match_float64_and_threads(shape, axis):
+def test_rms_norm_rows_match_float64_and_threads(splits, monkeypatch, shape, axis):
     """RMSNormalization-23 by blocks: serial bits with two threads and out=, the float64 formula's values."""
+    monkeypatch.setattr(nn, "SPLIT_NORM", SPLIT_ROWS)
     x = RNG.standard_normal(shape).astype(np.float32)
     scale = RNG.standard_normal(shape[axis % len(shape):]).astype(np.float32)
     y = _same_ways(_kernel("RMSNormalization", 23), x, scale, axis=axis)
@@ -192,3 +195,25 @@ def test_rms_norm_rows_match_float64_and_threads(shape, axis):
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64 * x64).mean(axis=axes, keepdims=True) + 1e-5) * scale
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    assert bool(splits) == (x.size >= SPLIT_ROWS)
+
+
+# --- Gelu ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("block", [1000, 1 << 18])
+def test_gelu_blocks_give_the_erf32_formula_bits(monkeypatch, block):
+    """Gelu-20 (float32) by blocks, split or not, in place or not: the bits of x * sqrt(1/2), erf32, +1, *x, *0.5."""
+    monkeypatch.setattr(activation, "GELU_BLOCK", block)
+    x = (RNG.standard_normal((3, SPLIT_COSTLY // 3 + 7)) * 3).astype(np.float32)
+    x[0, :4] = [np.inf, -np.inf, np.nan, 0.0]
+    want = np.multiply(x, np.float32(np.sqrt(0.5)))
+    erf32(want, want)
+    want += np.float32(1.0)
+    with np.errstate(invalid="ignore"):  # -inf: erf + 1 is 0, times -inf is nan (the formula's own value)
+        want *= x
+    want *= np.float32(0.5)
+    y = _same_ways(_kernel("Gelu", 20), x, inplace=True)
+    np.testing.assert_array_equal(y, want)
+    small = x[:, :37].copy()  # one short block, no split
+    np.testing.assert_array_equal(_same_ways(_kernel("Gelu", 20), small, inplace=True), want[:, :37])

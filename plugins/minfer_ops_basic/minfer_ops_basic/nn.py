@@ -39,6 +39,7 @@ def _mean_square(rows: np.ndarray) -> np.ndarray:
 # matrix-vector products, sums of squares by einsum (np.mean over rows of 256 floats
 # is 4x slower than the product). Other dtypes keep the whole-array path.
 _ROW_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+SPLIT_NORM = 1 << 21  # elements from which the rows are split over the threads (see below)
 
 
 def _flat(p: np.ndarray | None, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray | None:
@@ -98,7 +99,7 @@ def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1
     x2, y2 = x.reshape(outer, inner), y.reshape(outer, inner)  # planned buffers are C-contiguous: a view
     mean, inv_std = np.empty(outer, stash), np.empty(outer, stash)
     by_rows(lambda lo, hi: _layer_norm_rows(x2[lo:hi], y2[lo:hi], mean[lo:hi], inv_std[lo:hi], g, c, epsilon),
-            outer, inner)
+            outer, inner, SPLIT_NORM)
     return y, mean.reshape(stat_shape), inv_std.reshape(stat_shape)
 
 
@@ -130,7 +131,8 @@ def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     y = np.empty(x.shape, x.dtype) if out is None else out
     x2, y2 = x.reshape(outer, inner), y.reshape(outer, inner)
     inv = np.empty(outer, stash)
-    by_rows(lambda lo, hi: _normalized_rows(x2[lo:hi], y2[lo:hi], inv[lo:hi], g, None, epsilon), outer, inner)
+    by_rows(lambda lo, hi: _normalized_rows(x2[lo:hi], y2[lo:hi], inv[lo:hi], g, None, epsilon), outer, inner,
+            SPLIT_NORM)
     return y
 
 
