@@ -236,7 +236,17 @@ def summarize(rows: list[dict[str, Any]], batches: Sequence[int]) -> dict[str, A
     return out
 
 
-def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict[str, float] | None) -> str:
+def blas_setting() -> str:
+    """The BLAS kernels numpy's GEMMs run, as far as the environment decides them (OPENBLAS_CORETYPE).
+
+    It pins this project's machines to OpenBLAS's Haswell (AVX2) kernels, about half onnxruntime's GEMM rate
+    on the same CPU (``python -m bench.ceiling``): a run's figures only compare with runs under the same setting.
+    """
+    return os.environ.get("OPENBLAS_CORETYPE") or "OpenBLAS's own choice"
+
+
+def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict[str, float] | None,
+             blas: str | None = None) -> str:
     head = ("| model | b | minfer ms | ORT ms | ref ms | minfer/ORT | ref/minfer | arena MiB | live-set MiB | naive MiB "
             "| arena/live | minfer peak MB | ORT peak MB | minfer run MB | ORT run MB |")
     lines = [head, "|" + "---|" * 15]
@@ -256,6 +266,8 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict
             )
     if "min_ref_over_minfer" in summary:
         lines.append(f"slowest speed-up over ReferenceEvaluator: {summary['min_ref_over_minfer']:.1f}x")
+    if blas:
+        lines.append(f"numpy's BLAS kernels (OPENBLAS_CORETYPE): {blas}")
     if overhead:
         lines.append(
             f"run loop: {overhead['per_node_us']:.2f} us/node on a {overhead['nodes']}-node chain of tiny Adds, "
@@ -308,7 +320,7 @@ def run_benchmark(
         "loop_overhead": loop,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_threads": minfer_threads or threads,
-                     "minfer_parallel": os.environ.get("MINFER_PARALLEL", "threads")},
+                     "minfer_parallel": os.environ.get("MINFER_PARALLEL", "threads"), "openblas_coretype": blas_setting()},
     }
 
 
@@ -328,7 +340,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         ref_repeat=args.ref_repeat, memory=not args.no_memory, parallel=args.parallel,
     )
     out = Path(args.json or RESULTS / "latest.json")
-    text = markdown(result["rows"], result["summary"], result["loop_overhead"])
+    text = markdown(result["rows"], result["summary"], result["loop_overhead"], result["settings"]["openblas_coretype"])
     print(text)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -44,6 +44,18 @@ def load(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def blas_of(path: str) -> str | None:
+    """The OPENBLAS_CORETYPE a run was measured under, when its file says (runs before session 5 do not)."""
+    text = Path(path).read_text()
+    if path.endswith(".json"):
+        data = json.loads(text)
+        return data.get("settings", {}).get("openblas_coretype") if isinstance(data, dict) else None
+    for line in text.splitlines():
+        if line.startswith("numpy's BLAS kernels (OPENBLAS_CORETYPE): "):
+            return line.split(": ", 1)[1].strip()
+    return None
+
+
 def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     keyed: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for rows in runs:
@@ -65,6 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.combine")
     parser.add_argument("runs", nargs="+", help="bench.benchmark results (.json, or the .md table)")
     args = parser.parse_args(argv)
+    settings = {blas_of(p) for p in args.runs} - {None}
+    if len(settings) > 1:
+        # numpy's GEMM runs at about twice the rate with OpenBLAS's own kernels here: a median across both is no figure
+        print(f"these runs were measured under different BLAS kernels ({', '.join(sorted(settings))}): "
+              "combine runs of one setting", file=sys.stderr)
+        return 2
     rows = combine([load(p) for p in args.runs])
     print(f"medians over {len(args.runs)} runs\n")
     print("| model | b | minfer ms | ORT ms | minfer/ORT (median) | range over runs | ref/minfer |")
