@@ -436,18 +436,30 @@ def by_rows(step: Callable[[int, int], None], rows: int, cols: int, at: int | No
 def _softmax_rows(x: np.ndarray, y: np.ndarray) -> None:
     """Softmax of each row of x into y (which may be x).
 
-    Unshifted, exp(x) / sum(exp(x)), where every row sum lands in [1, max]:
+    Unshifted, exp(x) / sum(exp(x)), when every row sum lands in [1, max]:
     then no exp overflowed, and those that underflowed give results below the
     smallest normal float either way; it even skips the rounding of x - max.
-    Otherwise (large or very negative rows, inf, nan) the shifted formula.
+    Otherwise the block is shifted row by row: by the log of that sum where it
+    is a normal float (within log(cols) above the row's max, so as safe and as
+    accurate as the max), else (overflow, every exp underflowed, inf, nan) by
+    the row's max, which numpy finds slowly.
     """
-    e = scratch(x.shape, x.dtype) if np.may_share_memory(x, y) else y  # x must survive for the fallback
+    e = scratch(x.shape, x.dtype) if np.may_share_memory(x, y) else y  # x must survive for the shift
     np.exp(x, out=e)
-    s = np.matmul(e, ones(x.shape[1], x.dtype))
-    if s.min() >= 1 and s.max() <= _FMAX[x.dtype]:  # nan fails both
-        np.divide(e, s[:, None], out=y)
-    else:
-        softmax(x, 1, y)
+    ones_ = ones(x.shape[1], x.dtype)
+    s = np.matmul(e, ones_)
+    if not (s.min() >= 1 and s.max() <= _FMAX[x.dtype]):  # nan fails both
+        shift = np.log(s)
+        bad = ~((s >= _TINY_SUM) & (s <= _FMAX[x.dtype]))
+        if bad.any():
+            shift[bad] = np.max(x[bad], axis=1)
+        np.subtract(x, shift[:, None], out=e)
+        np.exp(e, out=e)
+        s = np.matmul(e, ones_)
+    np.divide(e, s[:, None], out=y)
+
+
+_TINY_SUM = 2.0 ** -100  # a row sum from here up is a normal float whatever the subnormal exps in it
 
 
 def _log_softmax_rows(x: np.ndarray, y: np.ndarray) -> None:
