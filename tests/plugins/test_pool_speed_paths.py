@@ -84,7 +84,7 @@ def tiny_chunks(monkeypatch):
     """Chunks of one plane and a split whatever the size: the multi-chunk, two-thread path on small inputs."""
     monkeypatch.setattr(pool, "_CHUNK_BYTES", 1)
     monkeypatch.setattr(pool, "_SPLIT_BYTES", 0)
-    monkeypatch.setattr(pool, "_SPLIT_CELLS", 0)
+    monkeypatch.setattr(pool, "_SPLIT_WORK", 0)
     monkeypatch.setattr(norm, "_LRN_CHUNK_BYTES", 1)
     monkeypatch.setattr(norm, "_LRN_SPLIT_BYTES", 0)
 
@@ -226,15 +226,16 @@ def test_pool_at_model_shapes_matches_reference():
 
 @pytest.mark.parametrize("shape,split", [
     ((1, 24, 112, 112), False),  # shufflenet's stem pool: 301k cells
-    ((1, 320, 28, 28), False),  # lost 20% split: each thread's numpy calls too short for the GIL hand-overs
-    ((8, 272, 14, 14), False),
-    ((8, 24, 56, 56), True),
-    ((1, 192, 56, 56), True),
+    ((1, 320, 28, 28), False),  # lost 4% split: each thread's numpy calls too short for the GIL hand-overs
+    ((2, 1024, 7, 7), False),  # 100k cells, narrow planes: lost 45%
+    ((8, 1024, 7, 7), True),  # gained 55%
+    ((2, 576, 14, 14), True),
+    ((1, 128, 55, 55), True),
     ((1, 64, 112, 112), True),
 ])
-def test_windowed_pools_split_by_cells(shape, split, monkeypatch):
-    """A windowed pool is handed to the threads from 550k input cells (else it runs as one part: in a
-    process team, one process computes it)."""
+def test_windowed_pools_split_by_work(shape, split, monkeypatch):
+    """A windowed pool is handed to the threads when its cells, weighted for narrow planes, pass the line
+    (else it runs as one part: in a process team, one process computes it)."""
     calls = []
     real = pool.parallel_for
 

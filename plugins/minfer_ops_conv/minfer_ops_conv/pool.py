@@ -31,20 +31,24 @@ _ALL = (slice(None), slice(None))
 _CHUNK_BYTES = 8 * 1024 * 1024
 # below this input size a global pool is cheaper whole than split between two threads
 _SPLIT_BYTES = 5 * 1024 * 1024 // 2
-# windowed pools split from this many input cells. A waiting thread needs the GIL back after each of
-# the ~10 numpy calls of a chunk, and a contended hand-over costs 25-75 us here, so the split pays
-# only when each call is long. Measured serial -> split at 2 threads, workers spinning as in a run (us):
-# 1x64x112x112 max 3x3 s2 405 -> 299, 1x64x111x111 388 -> 296, 1x192x56x56 360 -> 331,
-# 1x192x55x55 297 -> 267, 8x512x14x14 avg 2x2 523 -> 333, 8x136x28x28 avg 3x3 s2 746 -> 664; but
-# 1x128x56x56 avg 2x2 159 -> 161, 1x128x55x55 max 222 -> 210, 1x320x28x28 max 199 -> 250,
-# 1x576x14x14 avg 3x3 s1 126 -> 213, 8x272x14x14 avg 3x3 s2 577 -> 611.
-_SPLIT_CELLS = 550_000
-# AveragePool's 1/count per output cell is kept tiled over this many cells
-_TILE_CELLS = 1 << 18
+# windowed pools split from this much work: input cells times (1 + 24 / last input dim), as narrow
+# planes cost more per cell (numpy's per-row overhead: the serial time fits 0.4 ns x work). A waiting
+# thread needs the GIL back after each of a chunk's ~10 numpy calls and a contended hand-over costs
+# 25-75 us here, so the split pays only from ~200 us of work. Measured serial -> split, 2 threads with
+# the workers spinning as in a run (us): 1x64x112x112 max 3x3 s2 405 -> 299, 1x128x55x55 165 -> 148,
+# 1x128x56x56 avg 2x2 118 -> 99, 2x576x14x14 avg 3x3 s1 195 -> 156, 8x1024x7x7 652 -> 421,
+# 8x272x14x14 avg 3x3 s2 579 -> 418; but 1x320x28x28 max 3x3 s2 141 -> 147, 1x256x28x28 avg
+# 3x3 s1 129 -> 151, 2x1024x7x7 183 -> 335, 2x272x14x14 avg 3x3 s2 107 -> 279.
+_SPLIT_WORK = 500_000
 
 
 def _worth_splitting(x: np.ndarray) -> bool:
-    return x.size >= _SPLIT_CELLS
+    return x.size * (1 + 24 / max(1, x.shape[-1])) >= _SPLIT_WORK
+
+
+# AveragePool's 1/count per output cell is kept tiled over this many cells
+_TILE_CELLS = 1 << 18
+
 
 _local = threading.local()
 
