@@ -199,6 +199,14 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
     shifts = [t * w.dilations[1] for t in range(w.kernel[1])]
     pick = (slice(None), slice(0, out_h), slice(0, (out_w - 1) * sw + 1, sw))
     paired = sw == 2 and 2 * out_w <= width  # the kept columns as whole pairs of cells: see _even_columns
+    # The row result overwrites, in place, a phase that only its first or second tap reads (the column result
+    # then any other phase): half the scratch of separate buffers, so less to fetch after a conv evicted it.
+    counts = [p for _, p in taps].count
+    alone = [p for q, p in taps[:2] if q == 0 and counts(p) == 1 and len(taps) > 1]
+    t_at = phases.index(alone[0]) if alone else None
+    held = t_at if len(taps) > 1 else phases.index(taps[0][1])  # the phase the row result is (or is in)
+    u_at = next((i for i in range(len(phases)) if i != held), None)
+    n_buf = len(phases) + (t_at is None) + (u_at is None)
 
     def reduce(src: np.ndarray, dst: np.ndarray) -> None:
         k = len(src)
@@ -206,7 +214,10 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
             return
         n_t = k * plane - lag * width
         n_u = n_t - shifts[-1]
-        *split, t, u = _scratch(src.dtype, [k * plane] * (len(phases) + 1) + [k * plane])
+        bufs = _scratch(src.dtype, [k * plane] * n_buf)
+        split = bufs[: len(phases)]
+        t = bufs[len(phases)] if t_at is None else split[t_at]
+        u = bufs[-1] if u_at is None else split[u_at]
         for copy, regions, flat in zip(copies, fills, split):
             ph = flat.reshape(k, rows, width)
             for region in regions:
@@ -224,7 +235,7 @@ def _phased(w: geo.Window, op, fill) -> tuple[Reducer, int]:
         else:
             np.copyto(dst, u.reshape(k, rows, width)[pick])
 
-    return reduce, plane * (len(phases) + 2)
+    return reduce, plane * n_buf
 
 
 def _same(w: geo.Window, op, fill) -> tuple[Reducer, int]:
