@@ -230,7 +230,7 @@ def test_pool_at_model_shapes_matches_reference():
     ((2, 1024, 7, 7), False),  # 100k cells, narrow planes: lost 45%
     ((8, 1024, 7, 7), True),  # gained 55%
     ((2, 576, 14, 14), True),
-    ((1, 128, 55, 55), True),
+    ((1, 128, 55, 55), False),  # work 557k: lost 15% in squeezenet
     ((1, 64, 112, 112), True),
 ])
 def test_windowed_pools_split_by_work(shape, split, monkeypatch):

@@ -34,12 +34,13 @@ _SPLIT_BYTES = 5 * 1024 * 1024 // 2
 # windowed pools split from this much work: input cells times (1 + 24 / last input dim), as narrow
 # planes cost more per cell (numpy's per-row overhead: the serial time fits 0.4 ns x work). A waiting
 # thread needs the GIL back after each of a chunk's ~10 numpy calls and a contended hand-over costs
-# 25-75 us here, so the split pays only from ~200 us of work. Measured serial -> split, 2 threads with
-# the workers spinning as in a run (us): 1x64x112x112 max 3x3 s2 405 -> 299, 1x128x55x55 165 -> 148,
-# 1x128x56x56 avg 2x2 118 -> 99, 2x576x14x14 avg 3x3 s1 195 -> 156, 8x1024x7x7 652 -> 421,
-# 8x272x14x14 avg 3x3 s2 579 -> 418; but 1x320x28x28 max 3x3 s2 141 -> 147, 1x256x28x28 avg
-# 3x3 s1 129 -> 151, 2x1024x7x7 183 -> 335, 2x272x14x14 avg 3x3 s2 107 -> 279.
-_SPLIT_WORK = 500_000
+# 25-75 us here, so the split pays only from ~250 us of work. Measured serial -> split, 2 threads with
+# the workers spinning as in a run (us): 1x64x112x112 max 3x3 s2 405 -> 299, 2x576x14x14 avg 3x3 s1
+# 195 -> 156, 8x1024x7x7 652 -> 421, 8x272x14x14 avg 3x3 s2 579 -> 418; but 1x320x28x28 max 3x3 s2
+# 141 -> 147, 1x256x28x28 avg 3x3 s1 129 -> 151, 2x1024x7x7 183 -> 335, 2x272x14x14 avg 3x3 s2
+# 107 -> 279. Inside the models (inputs fresh from a conv) 1x128x55x55 max (work 557k) 187 -> 220 and
+# 1x128x56x56 avg 2x2 (574k) 196 -> 232, though alone they gained 10-20%.
+_SPLIT_WORK = 600_000
 
 
 def _worth_splitting(x: np.ndarray) -> bool:
