@@ -333,3 +333,56 @@ def test_stride_2_column_picks_keep_every_dtype(dtype, spatial, pads, ceil):
         out = np.empty_like(want)
         fn(x, out=out)
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(np.float16, 5e-3), (np.float32, 1e-5), (np.float64, 1e-12)])
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "pads": [1, 1, 1, 1]},  # the same-size path
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "ceil_mode": 1},  # the phased path
+    {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0], "dilations": [2, 1]},
+])
+def test_average_pool_scales_by_a_tiled_run_in_blocks(dtype, tol, attrs, monkeypatch):
+    """AveragePool's per-cell 1/count, tiled over fewer cells than a chunk holds, is applied block by block:
+    pads counted or not, batch > 1, odd sizes, every float dtype, 1 and 2 threads alike."""
+    monkeypatch.setattr(pool, "_TILE_CELLS", 50)  # one plane of outputs per block: every chunk takes several
+    monkeypatch.setattr(pool, "_SPLIT_WORK", 0)
+    x = np.random.default_rng(12).standard_normal((3, 7, 9, 10)).astype(dtype)
+    for include in (0, 1):
+        a = {**attrs, "count_include_pad": include}
+        fn = make_kernel("AveragePool", 19, x, a)
+        want = reference_pool(x, a, "avg", include)
+        got = fn(x)
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+        with using_threads(2):
+            out = np.full_like(got, np.nan)
+            fn(x, out=out)
+        np.testing.assert_array_equal(out, got)
+
+
+@pytest.mark.parametrize("kernel,strides,dil", [
+    ((1, 3), (2, 2), (1, 1)),  # one kernel row: the row result is the phase itself
+    ((3, 3), (3, 3), (1, 1)),  # three phases, each read by one tap
+    ((4, 2), (2, 2), (1, 1)),  # every phase read twice: the row result gets its own buffer
+    ((3, 3), (2, 1), (2, 1)),  # dilated rows land on one phase
+    ((2, 3), (1, 2), (1, 1)),  # one phase read twice
+    ((3, 2), (2, 3), (1, 2)),
+])
+def test_phased_pools_reuse_dead_buffers_correctly(kernel, strides, dil, tiny_chunks):
+    """Strided pools whose row and column results overwrite phase buffers equal the reference, with pads and
+    ceil_mode, in one-plane chunks over two threads as serially."""
+    x = np.random.default_rng(13).standard_normal((2, 3, 13, 11)).astype(np.float32)
+    attrs = {"kernel_shape": list(kernel), "strides": list(strides), "dilations": list(dil), "pads": [1, 0, 0, 1],
+             "ceil_mode": 1}
+    for op, reduce in (("MaxPool", "max"), ("AveragePool", "avg")):
+        fn = make_kernel(op, 19 if op == "AveragePool" else 12, x, attrs)
+        want = reference_pool(x, attrs, reduce)
+        serial = fn(x)
+        with using_threads(2):
+            out = np.full_like(serial, np.nan)
+            fn(x, out=out)
+        np.testing.assert_array_equal(out, serial)
+        if op == "MaxPool":
+            np.testing.assert_array_equal(serial, want)
+        else:
+            np.testing.assert_allclose(serial, want, rtol=1e-5, atol=1e-6)
