@@ -246,7 +246,7 @@ def _gelu(x: np.ndarray, approximate: str, out: np.ndarray | None) -> np.ndarray
         y *= x
         y *= 0.5
         return into(out, y)
-    if x.dtype == np.float32 and x.ndim:
+    if x.dtype == np.float32 and x.ndim and (out is None or out.flags.c_contiguous):
         return _gelu32(x, np.empty(x.shape, x.dtype) if out is None else out)
     v = x if x.dtype == np.float32 else as_float(x).astype(np.float32)
     y = np.multiply(v, np.float32(math.sqrt(0.5)), out=np.empty(v.shape, np.float32))  # a real array even 0-d
@@ -470,9 +470,10 @@ def _per_axis(fn: Callable[..., np.ndarray], rows: Callable[..., None] | None = 
     def run(x: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarray:
         if x.size == 0:
             return into(out, x.copy())
-        if rows is not None and x.ndim and x.dtype in _ROW_TYPES and axis % x.ndim == x.ndim - 1:
+        if (rows is not None and x.ndim and x.dtype in _ROW_TYPES and axis % x.ndim == x.ndim - 1
+                and (out is None or out.flags.c_contiguous)):  # the engine's buffers are: then y2 is a view
             y = np.empty(x.shape, x.dtype) if out is None else out
-            x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])  # y2 a view: planned buffers are contiguous
+            x2, y2 = x.reshape(-1, x.shape[-1]), y.reshape(-1, x.shape[-1])
             by_rows(lambda lo, hi: rows(x2[lo:hi], y2[lo:hi]), *x2.shape)
             return y
         # Half types compute natively (numpy accumulates float16 sums in float32 anyway):

@@ -79,9 +79,10 @@ def _reciprocals(size: int, dtype: np.dtype) -> np.ndarray:
     return v
 
 
-def _row_path(x: np.ndarray, stash: np.dtype, axis: int, *params: np.ndarray | None) -> bool:
-    """Whether the blocked row kernels apply: x computes in its own float type, params broadcast to the rows."""
-    return (x.dtype == stash and stash in _ROW_TYPES and x.size > 0
+def _row_path(x: np.ndarray, stash: np.dtype, axis: int, out: np.ndarray | None, *params: np.ndarray | None) -> bool:
+    """Whether the blocked row kernels apply: x computes in its own float type, params broadcast to the rows,
+    and out (the engine's buffers are C-contiguous) reshapes to rows as a view."""
+    return (x.dtype == stash and stash in _ROW_TYPES and x.size > 0 and (out is None or out.flags.c_contiguous)
             and all(p is None or p.ndim <= x.ndim - axis % x.ndim for p in params))
 
 
@@ -90,7 +91,7 @@ def layer_normalization(x, scale, b=None, *, axis=-1, epsilon=1e-5, stash_type=1
     """LayerNormalization-17: standardize over axes [axis, rank), then scale and shift; also Mean, InvStdDev."""
     stash = minfer_core.onnx_dtype(stash_type)
     outer, inner, stat_shape = _rows(x, axis)
-    if not _row_path(x, stash, axis, scale, b):
+    if not _row_path(x, stash, axis, out, scale, b):
         y, mean, inv_std = _layer_norm_whole(x, scale, b, outer, inner, stash, epsilon)
         return into(out, y), mean.reshape(stat_shape), inv_std.reshape(stat_shape)
     shape = x.shape[axis % x.ndim:]
@@ -121,7 +122,7 @@ def rms_normalization(x, scale, *, axis=-1, epsilon=1e-5, stash_type=1, out=None
     """RMSNormalization-23: x / sqrt(mean(x*x over axes [axis, rank)) + epsilon) * scale."""
     stash = minfer_core.onnx_dtype(stash_type)
     outer, inner, _ = _rows(x, axis)
-    if not _row_path(x, stash, axis, scale):
+    if not _row_path(x, stash, axis, out, scale):
         v = x.astype(stash, copy=False).reshape(outer, inner)
         inv_rms = 1 / np.sqrt(_mean_square(v) + np.asarray(epsilon, stash))[:, None]
         y = (v * inv_rms).reshape(x.shape)
