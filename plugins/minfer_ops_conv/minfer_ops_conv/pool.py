@@ -4,8 +4,9 @@ numpy's ufuncs are several times faster on contiguous runs than on
 row-strided views, so the 2-D pools are written as one contiguous run per
 kernel tap over a whole chunk of planes (see `_same` and `_phased`);
 other ranks reduce one axis at a time, each tap reading only the cells it
-covers (`_separable`). Chunks of planes bound the scratch; inputs of
-several MB are split between the intra-op threads.
+covers (`_separable`). Chunks of planes bound the scratch; only pools of
+a few hundred microseconds are split between the intra-op threads, as
+every numpy call of a split costs a GIL hand-over (`_SPLIT_WORK`).
 """
 
 from __future__ import annotations
@@ -468,15 +469,17 @@ def _average_pool(geometry, count_include_pad):
             scale = np.where(counts > 0, 1.0 / counts, np.nan).astype(dtype)
         if uniform:
             scale = scale[0]
-        else:  # one run of several planes' scales: a (planes, H*W) broadcast multiply took 1.5-4x as long
+        elif scale.size:  # one run of several planes' scales: a (planes, H*W) broadcast took 1.5-4x as long
             scale = np.tile(scale, max(1, _TILE_CELLS // scale.size))
 
         def finish(y):
             flat = y.reshape(-1)
-            step = flat.size if uniform else scale.size
-            for a in range(0, flat.size, step):
-                part = flat[a : a + step]
-                np.multiply(part, scale if uniform else scale[: part.size], out=part)
+            if uniform:
+                np.multiply(flat, scale, out=flat)
+                return
+            for a in range(0, flat.size, scale.size):  # no outputs at all: no scales and nothing to do
+                part = flat[a : a + scale.size]
+                np.multiply(part, scale[: part.size], out=part)
 
         return _pool_plan(w, np.add, 0, dtype, finish=finish)
 
