@@ -26,9 +26,8 @@ from . import _geometry as geo
 _ALL = (slice(None), slice(None))
 # a chunk's input planes plus its scratch. Not L2-sized: each numpy call costs a few microseconds
 # of Python, so many small chunks lose more than the cache saves; this only bounds the scratch. 8 MB
-# (was 4) gives each thread one chunk at the zoo's batch-1 stem pools, and wins at batch 8 too (split
-# over 2 threads, us): 8x64x112x112 max 3x3 s2 3436 -> 2702, 8x64x111x111 2594 -> 2156; 16 MB lost
-# 20% at batch 8 (two threads' chunks no longer both fit in the 32 MB L3).
+# gives each thread one chunk at the batch-1 stem pools and won at batch 8 (8x64x112x112 max 3x3 s2,
+# 2 threads: 3436 us with 4 MB, 2702 with 8, 20% slower with 16: two chunks no longer fit the L3).
 _CHUNK_BYTES = 8 * 1024 * 1024
 # below this input size a global pool is cheaper whole than split between two threads
 _SPLIT_BYTES = 5 * 1024 * 1024 // 2
