@@ -40,7 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import Graph, Node, kernel, op, same_as_input
+from minfer_core import Graph, Node, kernel, op, parallel_for, same_as_input
 
 from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op, replace, sole_consumer
 
@@ -136,6 +136,11 @@ _P = np.array([-0.7979143261909485, -0.3180961012840271, -0.03690189868211746, 0
                -0.0005128415068611503, 2.0741816115332767e-05], dtype=np.float32)  # fmt: skip
 _T_MAX = 4 * math.sqrt(2)  # erfc(4) = 1.5e-8: beyond, 1 - e/2 rounds to 1 in float32
 _BLOCK = 1 << 15  # elements per block: its four scratch arrays stay in L2
+# elements per range handed to an intra-op thread, from two ranges up. Each range makes ~14 numpy calls per
+# block, and every call of the second thread waits for the GIL (25-75 us when contended here), so a range must
+# be long: ranges of one block made the split slower than one thread. Transformer block at batch 8, Gelu over
+# (8, 128, 1024), 2 threads: 2505 -> 1659 us, the whole run 15.07 -> 13.94 ms (in-process A/B).
+SPLIT = 1 << 18
 
 
 @functools.lru_cache(maxsize=4)
@@ -162,17 +167,33 @@ def _gelu_block(x: np.ndarray, out: np.ndarray, t: np.ndarray, p: np.ndarray) ->
     out -= p
 
 
+def _gelu_range(x: np.ndarray, out: np.ndarray) -> None:
+    """GELU of a 1-D float32 range into ``out`` (which may be ``x``), block by block."""
+    block = min(x.size, _BLOCK)
+    t, p = np.empty(block, np.float32), np.empty(block, np.float32)
+    with np.errstate(all="ignore"):  # inf inputs: exp underflows to 0, as it should (the state is per thread)
+        for i in range(0, x.size, _BLOCK):
+            j = min(x.size, i + _BLOCK)
+            _gelu_block(x[i:j], out[i:j], t[: j - i], p[: j - i])
+
+
 def gelu32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """GELU of a float32 array (into ``out``, which may be ``x``), within 3.2e-7 of the exact value."""
+    """GELU of a float32 array (into ``out``, which may be ``x``), within 3.2e-7 of the exact value.
+
+    Ranges of `SPLIT` elements go to the intra-op threads; every element is computed alike either way.
+    """
     flat = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
     y = np.empty(np.shape(x), np.float32) if out is None else out
     res = y.reshape(-1)  # planned buffers are C-contiguous: a view
-    block = min(flat.size, _BLOCK)
-    t, p = np.empty(block, np.float32), np.empty(block, np.float32)
-    with np.errstate(all="ignore"):  # inf inputs: exp underflows to 0, as it should
-        for i in range(0, flat.size, _BLOCK):
-            j = min(flat.size, i + _BLOCK)
-            _gelu_block(flat[i:j], res[i:j], t[: j - i], p[: j - i])
+    n = flat.size
+    if n < 2 * SPLIT:
+        _gelu_range(flat, res)
+        return y
+
+    def part(lo: int, hi: int) -> None:
+        _gelu_range(flat[lo * SPLIT : min(n, hi * SPLIT)], res[lo * SPLIT : min(n, hi * SPLIT)])
+
+    parallel_for(-(-n // SPLIT), part)
     return y
 
 
