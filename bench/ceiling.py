@@ -1,25 +1,23 @@
-"""The sgemm ceiling: how fast each benchmark model could run if every multiply-add ran at numpy's best GEMM rate.
+"""The GEMM floor: what numpy's BLAS alone costs each benchmark model, against onnxruntime.
 
     .venv/bin/python -m bench.ceiling                      # all models, batch 1 and 8
-    .venv/bin/python -m bench.ceiling --results bench/results/final.json
+    .venv/bin/python -m bench.ceiling --results bench/results/session5/threads1.json
 
-Counts the multiply-adds of each model's Conv, ConvTranspose, Gemm and
-MatMul nodes (from the shapes minfer infers for the benchmark's inputs; no
-passes, so nothing is fused away), measures the float32 GEMM rate numpy's
-BLAS reaches here on large square matrices with every core (the best case:
-conv-shaped GEMMs run slower), and prints the time those multiply-adds take
-at that rate: no copies, no other ops, no overhead. With a results file of
-`bench.benchmark`, it also gives onnxruntime's effective rate on the model
-and the smallest minfer/onnxruntime ratio that rate allows (Winograd's
-fewer multiplies aside). This shows what is left to win on each model and
-what no numpy kernel can win while BLAS is the floor.
-
-It first times numpy's and onnxruntime's GEMMs themselves on the same shapes
-(a large square one and resnet50's conv GEMMs at batch 1), both on two
+First it times the GEMMs themselves, numpy's and onnxruntime's, on the same
+shapes (a large square one and resnet50's conv GEMMs at batch 1), both on two
 cores: numpy the better of two BLAS threads and half of one thread's time (a
 perfect split between minfer's intra-op threads), onnxruntime a lone MatMul
 with a constant right operand (which it pre-packs, as in its Conv). Their
-ratio is the handicap any numpy kernel starts from on GEMM-bound layers.
+ratio is the handicap any numpy kernel starts from on a GEMM-bound layer.
+
+Then, per model, the floor: every Conv, Gemm and MatMul node's GEMMs at their
+real shapes (from the shapes minfer infers for the benchmark's inputs; no
+passes) timed the same way, the cheaper of im2col and Winograd F(2x2, 3x3)'s
+16 GEMMs where that applies, summed. No copies, no transforms, no other op,
+no overhead, depthwise convs free: no numpy engine on this BLAS runs the model
+in less. With a results file of `bench.benchmark`, it puts the floor next to
+onnxruntime's and minfer's measured times: floor/ORT is the smallest
+minfer/onnxruntime ratio this BLAS allows, minfer/floor what is left to win.
 """
 
 from __future__ import annotations
@@ -35,19 +33,24 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.benchmark import random_feeds
-from bench.models import build, models
+from bench.models import LIGHT, build, models
 
 
-def multiply_adds(name: str, batch: int) -> int:
-    """Multiply-adds of the model's Conv/ConvTranspose/Gemm/MatMul nodes at this batch size."""
+def gemm_shapes(name: str, batch: int) -> list[tuple[list[tuple[int, int, int, int]], str]]:
+    """Per Conv/Gemm/MatMul node (no passes), the GEMMs minfer's fastest method could run, as alternatives.
+
+    Each entry is ([(count, M, K, N), ...] per alternative, label): a conv's im2col GEMM (per group: M/G x
+    C/G*k x images*outputs, all images in one GEMM, the best case) and, for a 3x3 stride-1 single-group conv,
+    Winograd F(2x2, 3x3)'s 16 GEMMs of M x C x tiles. Depthwise convs are left out (no GEMM: their floor
+    here is 0). A Gemm is its M x K x N, a MatMul its merged rows against a 2-D B or its batch of products.
+    """
     import minfer_core
 
     model = build(name, batch)
     feeds = random_feeds(model)
     sess = minfer_core.InferenceSession(model, passes="none", threads=1)
     graph = sess.graph
-    sig = tuple((feeds[n].shape, feeds[n].dtype) for n in graph.inputs)
-    types = sess.shape_types(sig)
+    types = sess.shape_types(tuple((feeds[n].shape, feeds[n].dtype) for n in graph.inputs))
 
     def shape(value: str) -> tuple[int, ...]:
         if value in graph.initializers:
@@ -57,37 +60,50 @@ def multiply_adds(name: str, batch: int) -> int:
             raise ValueError(f"{name}: no static shape for {value}")
         return tuple(int(d) for d in t.shape)
 
-    total = 0
+    out = []
     for node in graph.nodes:
         if node.domain not in ("", "ai.onnx"):
             continue
-        if node.op_type in ("Conv", "ConvTranspose"):
-            # every output element of a Conv takes W[1:] multiply-adds; every input element of a ConvTranspose gives them
-            w = shape(node.inputs[1])
-            side = node.outputs[0] if node.op_type == "Conv" else node.inputs[0]
-            total += math.prod(shape(side)) * math.prod(w[1:])
-        elif node.op_type in ("Gemm", "MatMul"):
+        if node.op_type == "Conv":
+            w, y = shape(node.inputs[1]), shape(node.outputs[0])
+            group = int(node.attrs.get("group", 1))
+            if group > 1 and w[1] == 1 and w[0] == group:
+                continue  # depthwise
+            outputs = math.prod(y[2:])
+            options = [[(group, w[0] // group, math.prod(w[1:]), y[0] * outputs)]]
+            stride1 = all(s == 1 for s in node.attrs.get("strides", [1, 1]))
+            undilated = all(d == 1 for d in node.attrs.get("dilations", [1, 1]))
+            if group == 1 and tuple(w[2:]) == (3, 3) and stride1 and undilated:
+                tiles = y[0] * math.ceil(y[2] / 2) * math.ceil(y[3] / 2)
+                options.append([(16, w[0], w[1], tiles)])
+            out.append((options, f"Conv {w} -> {y}"))
+        elif node.op_type == "Gemm":
             a, y = shape(node.inputs[0]), shape(node.outputs[0])
-            k = a[0] if node.op_type == "Gemm" and node.attrs.get("transA", 0) else a[-1]
-            total += math.prod(y) * k
-    return total
+            k = a[0] if node.attrs.get("transA", 0) else a[1]
+            out.append(([[(1, y[0], k, y[1])]], f"Gemm {y}"))
+        elif node.op_type == "MatMul":
+            a, b, y = shape(node.inputs[0]), shape(node.inputs[1]), shape(node.outputs[0])
+            if len(b) == 2 and len(a) >= 2:
+                gemms = [(1, math.prod(a[:-1]), a[-1], b[-1])]
+            else:
+                gemms = [(math.prod(y[:-2]), y[-2], a[-1], y[-1])]
+            out.append(([gemms], f"MatMul {y}"))
+    return out
 
 
-def gemm_rate(threads: int, size: int = 2048, repeat: int = 7) -> float:
-    """Best float32 GFLOP/s of numpy's matmul on size x size matrices with ``threads`` BLAS threads."""
-    from minfer_core.threads import set_blas_threads
+def gemm_floor_ms(name: str, batch: int, cache: dict[tuple[int, int, int], float] | None = None) -> float:
+    """The model's Conv/Gemm/MatMul GEMMs at numpy's two-core time (`numpy_gemm_ms`), the cheaper alternative
+    of each node: no copies, no transforms, no other op. No numpy engine built on this BLAS can run the model in
+    less (depthwise convs aside)."""
+    cache = {} if cache is None else cache
 
-    old = set_blas_threads(threads)
-    try:
-        rng = np.random.default_rng(0)
-        a, b = (rng.standard_normal((size, size)).astype(np.float32) for _ in range(2))
-        c = np.empty_like(a)
-        np.matmul(a, b, out=c)
-        best = min(_timed(lambda: np.matmul(a, b, out=c)) for _ in range(repeat))
-    finally:
-        if old is not None:
-            set_blas_threads(old)
-    return 2 * size**3 / best / 1e9
+    def gemm(m: int, k: int, n: int) -> float:
+        if (m, k, n) not in cache:
+            cache[(m, k, n)] = numpy_gemm_ms(m, k, n, repeat=7)
+        return cache[(m, k, n)]
+
+    return sum(min(sum(count * gemm(m, k, n) for count, m, k, n in option) for option in options)
+               for options, _ in gemm_shapes(name, batch))
 
 
 # (M, K, N) of C[M, N] = A[M, K] @ B[K, N]: a large square GEMM, then resnet50's conv GEMMs at batch 1 as minfer's
@@ -160,7 +176,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.ceiling")
     parser.add_argument("--models", nargs="*", default=None)
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 8])
-    parser.add_argument("--threads", type=int, default=2, help="BLAS threads for the rate (default 2, the cores)")
     parser.add_argument("--results", default=None, help="a bench.benchmark JSON file, for onnxruntime's times")
     parser.add_argument("--no-gemm-gap", dest="gap", action="store_false", help="skip timing numpy vs onnxruntime GEMMs")
     args = parser.parse_args(argv)
@@ -179,20 +194,29 @@ def main(argv: Sequence[str] | None = None) -> int:
             data = json.load(fh)
         for row in data["rows"] if isinstance(data, dict) else data:
             measured[(row["model"], row["batch"])] = row
-    rate = gemm_rate(args.threads)
-    print(f"numpy float32 GEMM, 2048^3, {args.threads} BLAS threads: {rate:.0f} GFLOP/s (best of 7)\n")
-    print("| model | b | GFLOP | at that rate ms | minfer ms | ORT ms | ORT GFLOP/s | best possible minfer/ORT |")
+    print("The GEMM floor: each model's Conv/Gemm/MatMul GEMMs at numpy's two-core time (Winograd where cheaper):\n")
+    print("| model | b | GEMM floor ms | ORT ms | minfer ms | floor/ORT | minfer/ORT | minfer/floor |")
     print("|---|---|---|---|---|---|---|---|")
+    cache: dict[tuple[int, int, int], float] = {}
+    lower: dict[int, list[float]] = {}
     for name in models(args.models):
         for batch in args.batches:
-            flops = 2 * multiply_adds(name, batch)
-            floor = flops / rate / 1e6
+            floor = gemm_floor_ms(name, batch, cache)
             row = measured.get((name, batch), {})
             m_ms, o_ms = row.get("minfer_ms"), row.get("ort_ms")
-            cells = [f"{flops / 1e9:.2f}", f"{floor:.1f}", f"{m_ms:.1f}" if m_ms else "-", f"{o_ms:.1f}" if o_ms else "-",
-                     f"{flops / o_ms / 1e6:.0f}" if o_ms else "-", f"{floor / o_ms:.2f}" if o_ms else "-"]
+            if o_ms and name in LIGHT:
+                lower.setdefault(batch, []).append(floor / o_ms)
+            cells = [f"{floor:.1f}", _cell(o_ms, "{:.1f}"), _cell(m_ms, "{:.1f}"), _cell(o_ms and floor / o_ms, "{:.2f}"),
+                     _cell(m_ms and o_ms and m_ms / o_ms, "{:.2f}"), _cell(m_ms and m_ms / floor, "{:.2f}")]
             print(f"| {name} | {batch} | " + " | ".join(cells) + " |", flush=True)
+    for batch, ratios in sorted(lower.items()):
+        geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+        print(f"\nbatch {batch}: geo-mean of floor/ORT over {len(ratios)} light models {geo:.2f}, worst {max(ratios):.2f}")
     return 0
+
+
+def _cell(value: float | None, fmt: str) -> str:
+    return fmt.format(value) if value else "-"
 
 
 if __name__ == "__main__":
