@@ -360,6 +360,24 @@ def test_average_pool_scales_by_a_tiled_run_in_blocks(dtype, tol, attrs, monkeyp
         np.testing.assert_array_equal(out, got)
 
 
+def test_average_pool_holds_no_more_scales_than_its_output_has_cells():
+    """A small pool's tiled 1/count run stops at its own output: each plan keeps it, and a model has many
+    (a 1 MB run per pool put shufflenet's peak memory above onnxruntime's)."""
+    import tracemalloc
+
+    x = np.random.default_rng(3).standard_normal((1, 8, 14, 14)).astype(np.float32)
+    a = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}  # pads not counted: scales vary
+    tracemalloc.start()
+    try:
+        fn = make_kernel("AveragePool", 19, x, a)
+        got = fn(x)
+        held = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    assert held < 64 * 1024, held  # the output (1.5 KB), its scales and the plan, not a 1 MB run
+    np.testing.assert_allclose(got, reference_pool(x, {**a, "count_include_pad": 0}, "avg", 0), rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("kernel,strides,dil", [
     ((1, 3), (2, 2), (1, 1)),  # one kernel row: the row result is the phase itself
     ((3, 3), (3, 3), (1, 1)),  # three phases, each read by one tap

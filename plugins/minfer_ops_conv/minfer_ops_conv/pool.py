@@ -47,7 +47,7 @@ def _worth_splitting(x: np.ndarray) -> bool:
     return x.size * (1 + 24 / max(1, x.shape[-1])) >= _SPLIT_WORK
 
 
-# AveragePool's 1/count per output cell is kept tiled over this many cells
+# AveragePool's 1/count per output cell is kept tiled over up to this many cells (or the output's planes)
 _TILE_CELLS = 1 << 18
 
 
@@ -469,7 +469,8 @@ def _average_pool(geometry, count_include_pad):
         if uniform:
             scale = scale[0]
         elif scale.size:  # one run of several planes' scales: a (planes, H*W) broadcast took 1.5-4x as long
-            scale = np.tile(scale, max(1, _TILE_CELLS // scale.size))
+            # (never more planes than the output has: every plan holds its run, and small models have many)
+            scale = np.tile(scale, max(1, min(_TILE_CELLS // scale.size, math.prod(shape[:2]))))
 
         def finish(y):
             flat = y.reshape(-1)
