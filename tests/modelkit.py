@@ -67,3 +67,16 @@ def reference_conv(x, w, b, pads, strides):
             patch = xp[:, :, i : i + strides[0] * (oh - 1) + 1 : strides[0], j : j + strides[1] * (ow - 1) + 1 : strides[1]]
             y += np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64), patch)
     return y + b.reshape(1, -1, 1, 1)
+
+
+def spy_parallel_for(monkeypatch: Any, module: Any) -> list[int]:
+    """Record the range count of every `parallel_for` call ``module`` makes (the calls still run)."""
+    calls: list[int] = []
+    real = module.parallel_for
+
+    def spy(n: int, fn: Any, **kw: Any) -> Any:
+        calls.append(n)
+        return real(n, fn, **kw)
+
+    monkeypatch.setattr(module, "parallel_for", spy)
+    return calls

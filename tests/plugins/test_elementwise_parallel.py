@@ -9,6 +9,7 @@ from minfer_core import get_registry
 from minfer_core.parallel import using_threads
 from minfer_ops_basic import elementwise
 from minfer_ops_basic.elementwise import SPLIT_CHEAP, SPLIT_COSTLY, split_flat
+from modelkit import spy_parallel_for
 
 RNG = np.random.default_rng(0)
 
@@ -16,15 +17,7 @@ RNG = np.random.default_rng(0)
 @pytest.fixture
 def splits(monkeypatch):
     """Records every parallel_for the elementwise kernels make (how many parts of what)."""
-    calls: list[int] = []
-    real = elementwise.parallel_for
-
-    def spy(n, fn, **kw):
-        calls.append(n)
-        return real(n, fn, **kw)
-
-    monkeypatch.setattr(elementwise, "parallel_for", spy)
-    return calls
+    return spy_parallel_for(monkeypatch, elementwise)
 
 
 def _kernel(op: str, opset: int = 18):

@@ -16,6 +16,7 @@ from minfer_core.parallel import using_threads
 from minfer_ops_basic import activation, nn
 from minfer_ops_basic.activation import SPLIT_ROWS
 from minfer_ops_basic.elementwise import SPLIT_COSTLY, erf32
+from modelkit import spy_parallel_for
 
 RNG = np.random.default_rng(0)
 SPLIT_SHAPE = (3, 5, 97, 91)  # 132k elements, past SPLIT_ROWS; 1455 rows, an odd count
@@ -25,15 +26,7 @@ assert np.prod(SPLIT_SHAPE) >= SPLIT_ROWS
 @pytest.fixture
 def splits(monkeypatch):
     """Records every parallel_for the row kernels make (how many blocks)."""
-    calls: list[int] = []
-    real = activation.parallel_for
-
-    def spy(n, fn, **kw):
-        calls.append(n)
-        return real(n, fn, **kw)
-
-    monkeypatch.setattr(activation, "parallel_for", spy)
-    return calls
+    return spy_parallel_for(monkeypatch, activation)
 
 
 def _kernel(op: str, opset: int):
