@@ -13,7 +13,7 @@ from minfer_core import kernel, parallel_for
 
 from .elementwise import (SPLIT_CHEAP, SPLIT_COSTLY, arr, as_float, declare, erf, erf32, into, is_exotic, on_1d,
                           scalar, split_flat, unary_kernels)
-from .elementwise import _erf32_block as erf32_block  # erf32's elementwise step, on blocks of our size
+from .elementwise import erf32_block  # erf32's elementwise step, on blocks of our size
 
 F32_MAX = 3.4028234663852886e38
 BLOCK = 1 << 16  # elements per block of the blocked kernels below: their scratch stays in L2

@@ -197,7 +197,7 @@ def _horner32(coef: np.ndarray, t: np.ndarray, out: np.ndarray) -> np.ndarray:
     return out
 
 
-def _erf32_block(x: np.ndarray, out: np.ndarray, a: np.ndarray, u: np.ndarray, s: np.ndarray, t: np.ndarray) -> None:
+def erf32_block(x: np.ndarray, out: np.ndarray, a: np.ndarray, u: np.ndarray, s: np.ndarray, t: np.ndarray) -> None:
     """erf of a 1-D float32 block into out (which may be x); a, u, s, t are scratch of the same size."""
     xi, ai, ui, si, ti = x.view(np.int32), a.view(np.int32), u.view(np.int32), s.view(np.int32), t.view(np.int32)
     np.bitwise_and(xi, np.int32(0x7FFFFFFF), out=ai)  # |x|
@@ -239,7 +239,7 @@ def erf32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         for i in range(0, n, block):
             j = min(n, i + block)
             m = j - i
-            _erf32_block(flat[i:j], res[i:j], a[:m], u[:m], s[:m], t[:m])
+            erf32_block(flat[i:j], res[i:j], a[:m], u[:m], s[:m], t[:m])
     return out
 
 
