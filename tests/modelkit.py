@@ -80,3 +80,44 @@ def spy_parallel_for(monkeypatch: Any, module: Any) -> list[int]:
 
     monkeypatch.setattr(module, "parallel_for", spy)
     return calls
+
+
+def conv_case(xs, ws, pads, strides, folded: bool):
+    """A random single-group conv: (x, b, its float64 reference output, the window, the packed weights).
+
+    ``folded``: the bias is packed with the weights (the methods that copy their operand add it in the GEMM).
+    """
+    from minfer_ops_conv import conv
+
+    rng = np.random.default_rng(sum(xs) + sum(ws))
+    x = rng.standard_normal(xs).astype(np.float32)
+    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
+    b = rng.standard_normal(ws[0]).astype(np.float32)
+    want = reference_conv(x, w, b, pads, strides)
+    win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
+    return x, w, b, want, win, conv.pack(w, 1, build_time=True, bias=b if folded else None)
+
+
+def run_conv_plan(plan: Any, x: np.ndarray, p: Any, b: np.ndarray, want: np.ndarray, threads: int) -> np.ndarray:
+    """Run a conv plan on ``threads`` threads with an epilogue that negates each finished tile; check that every
+    element was finished exactly once, in the output itself, and equals ``want``. Returns the output."""
+    import threading
+
+    from minfer_core.parallel import using_threads
+    from minfer_ops_conv import conv
+
+    y = np.full(want.shape, np.nan, dtype=np.float32)
+    seen = np.zeros(want.shape, dtype=int)
+    lock = threading.Lock()
+
+    def epilogue(out, region):
+        assert out is y
+        with lock:
+            seen[region] += 1
+        np.negative(out[region], out=out[region])  # a visible, once-only change
+
+    with using_threads(threads):
+        plan(x, p, y, conv._bias_column(b, 2, np.float32), epilogue)
+    assert (seen == 1).all(), (plan, threads)
+    np.testing.assert_allclose(-y, want, rtol=1e-4, atol=1e-4)
+    return y

@@ -3,13 +3,10 @@ same conv with either preference (1 and 2 threads), and the tuner only times the
 
 from __future__ import annotations
 
-import threading
-
 import numpy as np
 import pytest
-from modelkit import reference_conv
+from modelkit import conv_case, run_conv_plan
 
-from minfer_core.parallel import using_threads
 from minfer_ops_conv import conv, tiles, tuner
 from minfer_ops_conv.tiles import cut
 
@@ -85,32 +82,13 @@ def test_both_preferences_compute_the_conv(monkeypatch, xs, ws, pads, strides, f
     """Rows and channels tilings = reference conv + bias, the epilogue once per element, 1 and 2 threads alike."""
     monkeypatch.setattr(tiles, "MIN_SPLIT_MACS", 1)  # split even these small convs
     monkeypatch.setattr(tiles, "SPLIT", split)
-    rng = np.random.default_rng(sum(xs) + sum(ws))
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
-    b = rng.standard_normal(ws[0]).astype(np.float32)
-    want = reference_conv(x, w, b, pads, strides)
-    win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
-    p = conv.pack(w, 1, build_time=True, bias=b if folded else None)
+    x, _, b, want, win, p = conv_case(xs, ws, pads, strides, folded)
     method = conv._pointwise if ws[2:] == (1, 1) else conv._im2col
     results = {}
     for prefer in ("rows", "channels"):
         plan = method(win, budget, prefer)
         for threads in (1, 2):
-            y = np.full(want.shape, np.nan, dtype=np.float32)
-            seen = np.zeros(want.shape, dtype=int)
-            lock = threading.Lock()
-
-            def epilogue(out, region):
-                with lock:
-                    seen[region] += 1
-                np.negative(out[region], out=out[region])  # a visible, once-only change
-
-            with using_threads(threads):
-                plan(x, p, y, conv._bias_column(b, 2, np.float32), epilogue)
-            assert (seen == 1).all(), (prefer, threads)
-            np.testing.assert_allclose(-y, want, rtol=1e-4, atol=1e-4)
-            results[prefer, threads] = y
+            results[prefer, threads] = run_conv_plan(plan, x, p, b, want, threads)
         assert np.array_equal(results[prefer, 1], results[prefer, 2])  # the same tiles whoever runs them
     if xs[0] < split:
         tiling = method(win, budget, "channels").tiling(x, p)

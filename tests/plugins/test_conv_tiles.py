@@ -7,7 +7,7 @@ import threading
 
 import numpy as np
 import pytest
-from modelkit import reference_conv
+from modelkit import conv_case, reference_conv, run_conv_plan
 
 from minfer_core.parallel import using_threads
 from minfer_ops_conv import conv, tuner, winograd
@@ -97,31 +97,12 @@ def test_every_method_with_bias_and_epilogue(monkeypatch, threads, xs, ws, pads,
     monkeypatch.setattr(winograd, "MIN_OUT_CHANNELS", 1)
     monkeypatch.setattr(winograd, "MIN_TILES", 1)
     monkeypatch.setattr("minfer_ops_conv.tiles.MIN_SPLIT_MACS", 1)  # split even these small convs
-    rng = np.random.default_rng(sum(xs) + sum(ws))
-    x = rng.standard_normal(xs).astype(np.float32)
-    w = (rng.standard_normal(ws) / np.sqrt(np.prod(ws[1:]))).astype(np.float32)
-    b = rng.standard_normal(ws[0]).astype(np.float32)
-    want = reference_conv(x, w, b, pads, strides)
-    win = conv.geo.window(xs[2:], ws[2:], strides=strides, pads=pads, clamp_same=True)
-    p = conv.pack(w, 1, build_time=True, bias=b if folded else None)
+    x, w, b, want, win, p = conv_case(xs, ws, pads, strides, folded)
     assert (p.biased is not None) is folded and np.array_equal(p.matrix[0], w.reshape(ws[0], -1))
     plans = conv.candidates(win, p, xs[1])
     assert len(plans) >= 2
-    lock = threading.Lock()
     for plan in plans:
-        y = np.full(want.shape, np.nan, dtype=np.float32)
-        seen = np.zeros(want.shape, dtype=int)
-
-        def epilogue(out, region):
-            assert out is y
-            with lock:
-                seen[region] += 1
-            np.negative(out[region], out=out[region])  # a visible, once-only change
-
-        with using_threads(threads):
-            plan(x, p, y, conv._bias_column(b, 2, np.float32), epilogue)
-        assert (seen == 1).all(), plan
-        np.testing.assert_allclose(-y, want, rtol=1e-4, atol=1e-4)
+        run_conv_plan(plan, x, p, b, want, threads)
 
 
 def test_tuner_keeps_a_correct_method_per_thread_count(monkeypatch):
