@@ -24,6 +24,7 @@ from .errors import (
 from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, onnx_op, op, same_as_input
 from .parallel import intra_op_threads, parallel_for, spmd
+from .workspace import release_scratch, scratch, scratch_bytes
 from .tensor import Dim, Tensor, TensorType
 
 __version__ = "0.1.0"
@@ -91,8 +92,11 @@ __all__ = [
     "onnx_op",
     "op",
     "parallel_for",
+    "release_scratch",
     "same_as_input",
     "save_model",
+    "scratch",
+    "scratch_bytes",
     "spmd",
     "to_model_proto",
     "use_plugins",

@@ -30,6 +30,7 @@ from .runloop import (StepFailure, execute, execute_observed, execute_staged, ex
                       execute_watching)
 from .parallel import get_pool, using_pool, using_threads
 from .stages import SEQUENTIAL_RUNS, Calibration, Item, Stage, choose, compose, producers
+from .workspace import scratch_bytes
 from .threads import AutoThreads, set_blas_threads
 from .plugins import Registry, active_registry, get_registry, provider_hint
 from .tensor import TensorType
@@ -545,13 +546,16 @@ class Engine:
         intermediates with no reuse; ``live_set_bytes``: the largest total of
         simultaneously live intermediates (a lower bound for any plan);
         ``allocated_arena_bytes``: the arena really allocated, for the values
-        whose kernels accept ``out=``; ``arena_backed_buffers`` of ``buffers``.
+        whose kernels accept ``out=``; ``arena_backed_buffers`` of ``buffers``;
+        ``scratch_bytes``: the kernels' per-thread scratch (`minfer_core.scratch`)
+        this process holds now, over all its sessions, which peak memory adds to
+        the arena.
         """
         if feeds is not None:
             self.run(None, feeds)
         if self._last is None:
             raise MinferError("memory_report needs a plan: call run() once (or pass feeds) first")
-        return dict(self._plans[self._last].report, steps=len(self.specs))
+        return dict(self._plans[self._last].report, steps=len(self.specs), scratch_bytes=scratch_bytes())
 
     def profile(self, feeds: Mapping[str, Any], path: str | None = None, *, repeat: int = 1) -> dict[str, Any]:
         """Run ``repeat`` times recording each node's time; returns (and writes to ``path``) a Chrome trace."""

@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from onnx import helper
 
-from minfer_core import KernelContext, TensorType
+from minfer_core import KernelContext, TensorType, release_scratch
 from minfer_core.parallel import using_threads
 from minfer_ops_conv import norm, pool
 from minfer_ops_conv.plugin import KERNELS
@@ -172,14 +172,14 @@ def test_tiling_pools(kernel, spatial):
 def test_scratch_of_huge_planes_is_not_kept(monkeypatch):
     """A plane too large for a chunk gets scratch for that call only; chunk-sized scratch is reused."""
     monkeypatch.setattr(pool, "_CHUNK_BYTES", 4096)
-    monkeypatch.setattr(pool, "_local", type(pool._local)())
+    release_scratch(pool.SCRATCH)
     x = np.random.default_rng(5).standard_normal((1, 2, 60, 60)).astype(np.float32)
     attrs = {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}
     np.testing.assert_array_equal(make_kernel("MaxPool", 12, x, attrs)(x), reference_pool(x, attrs, "max"))
-    assert getattr(pool._local, "buf", None) is None
+    assert release_scratch(pool.SCRATCH) == 0
     small = x[:, :, :8, :8].copy()
     np.testing.assert_array_equal(make_kernel("MaxPool", 12, small, attrs)(small), reference_pool(small, attrs, "max"))
-    assert pool._local.buf.nbytes <= 2 * 4096
+    assert 0 < release_scratch(pool.SCRATCH) <= 2 * 4096
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float64, np.int8, np.uint8])

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import functools
 import math
-import threading
 from typing import Any, Callable
 
 import numpy as np
 
-from minfer_core import kernel, parallel_for
+from minfer_core import kernel, parallel_for, scratch
 
 from .elementwise import (SPLIT_CHEAP, SPLIT_COSTLY, arr, as_float, declare, erf, erf32, into, is_exotic, on_1d,
                           scalar, split_flat, unary_kernels)
@@ -274,7 +273,7 @@ def _gelu32(x: np.ndarray, out: np.ndarray) -> np.ndarray:
     flat, res = x.reshape(-1), out.reshape(-1)  # out is C-contiguous (planned or fresh): a view
     n = flat.size
     block = min(n, GELU_BLOCK)
-    e, a, u, s, t = scratch((5, block), np.dtype(np.float32))
+    e, a, u, s, t = _scratch((5, block), np.dtype(np.float32))
     with np.errstate(all="ignore"):  # inf inputs make nan polynomial values the erf's selection drops
         for i in range(0, n, block):
             m = min(n, i + block) - i
@@ -388,7 +387,6 @@ def hardmax(v: np.ndarray, axis: int, out: np.ndarray | None = None) -> np.ndarr
 # maximum only where it must.
 ROW_BLOCK = 1 << 18  # elements per block of rows
 SPLIT_ROWS = 1 << 17  # elements from which rows are split over the threads
-_LOCAL = threading.local()
 
 
 @functools.lru_cache(maxsize=16)
@@ -399,13 +397,9 @@ def ones(size: int, dtype: np.dtype) -> np.ndarray:
     return v
 
 
-def scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """An uninitialized array private to this thread, valid until its next call here (kept: no page faults)."""
-    nbytes = math.prod(shape) * dtype.itemsize
-    buf = getattr(_LOCAL, "buf", None)
-    if buf is None or buf.size < nbytes:
-        buf = _LOCAL.buf = np.empty(max(nbytes, 64), np.uint8)
-    return buf[:nbytes].view(dtype).reshape(shape)
+def _scratch(shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """This thread's working rows for Gelu and Softmax (one at a time), valid until its next call here."""
+    return scratch("activation", shape, dtype)
 
 
 def by_rows(step: Callable[[int, int], None], rows: int, cols: int, at: int | None = None) -> None:
@@ -444,7 +438,7 @@ def _softmax_rows(x: np.ndarray, y: np.ndarray) -> None:
     accurate as the max), else (overflow, every exp underflowed, inf, nan) by
     the row's max, which numpy finds slowly.
     """
-    e = scratch(x.shape, x.dtype) if np.may_share_memory(x, y) else y  # x must survive for the shift
+    e = _scratch(x.shape, x.dtype) if np.may_share_memory(x, y) else y  # x must survive for the shift
     np.exp(x, out=e)
     ones_ = ones(x.shape[1], x.dtype)
     s = np.matmul(e, ones_)

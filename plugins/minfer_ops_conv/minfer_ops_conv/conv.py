@@ -9,11 +9,11 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from minfer_core import kernel, parallel_for, spmd
+from minfer_core import kernel, parallel_for, scratch, spmd
 
 from . import _geometry as geo
 from . import depthwise, winograd
-from .tiles import SPLIT, Epilogue, Tile, cut, finish, run_tiles, scratch
+from .tiles import SPLIT, Epilogue, Tile, cut, finish, run_tiles
 from .tuner import Tuned
 
 
@@ -182,7 +182,7 @@ def _pointwise(w: geo.Window, budget: int | None = None, prefer: str = "rows") -
                 # a contiguous copy of the tile's input, image after image (a strided one would be copied by
                 # reshape anyway), with a row of ones under it when the bias rides in the GEMM
                 src = cols[t.image : t.image + t.images, 0, :, t.r0 : t.r1]
-                ops = scratch("pointwise", (c + fold, t.images, (t.r1 - t.r0) * row_len), x.dtype)
+                ops = scratch("conv-pointwise", (c + fold, t.images, (t.r1 - t.r0) * row_len), x.dtype)
                 np.copyto(ops[:c].reshape(c, t.images, t.r1 - t.r0, row_len), src.transpose(1, 0, 2, 3))
                 if fold:
                     ops[c] = 1
@@ -281,7 +281,7 @@ def _im2col(w: geo.Window, budget: int | None = None, prefer: str = "rows") -> P
                 # the slabs of the tile's images side by side; when the bias rides in the GEMM, a row of ones
                 # under them (the bias is W's extra column)
                 slabs = view[t.image : t.image + t.images][(slice(None), Ellipsis, slice(t.r0, t.r1)) + rest]
-                cols = scratch("im2col", (k + fold, t.images, width), x.dtype)
+                cols = scratch("conv-im2col", (k + fold, t.images, width), x.dtype)
                 spatial = len(w.out_shape)
                 dst = cols[:k].reshape(slabs.shape[1 : -spatial] + (t.images,) + slabs.shape[-spatial:])
                 np.copyto(dst, np.moveaxis(slabs, 0, -spatial - 1))
@@ -292,7 +292,7 @@ def _im2col(w: geo.Window, budget: int | None = None, prefer: str = "rows") -> P
                 return
             channels = slice(None) if g == 1 else slice(t.m0 // mg * per_group, t.m1 // mg * per_group)
             slab = view[t.image][(channels, Ellipsis, slice(t.r0, t.r1)) + rest]
-            cols = scratch("im2col", (slab.shape[0] // per_group, k, width), x.dtype)
+            cols = scratch("conv-im2col", (slab.shape[0] // per_group, k, width), x.dtype)
             np.copyto(cols.reshape(slab.shape), slab)
             _gemm_into(p, cols, _out_rows(y, p, t, row_len), t)
             finish(y, t, bias, epilogue)

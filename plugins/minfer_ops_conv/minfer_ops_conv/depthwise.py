@@ -42,7 +42,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from minfer_core import intra_op_threads, parallel_for
+from minfer_core import intra_op_threads, parallel_for, release_scratch, scratch
 
 from . import _geometry as geo
 from .depthwise_copies import Copies
@@ -184,17 +184,10 @@ def _thread_pool(attr: str, registry: list[dict]) -> dict:
     return pool
 
 
-def _scratch(name: str, size: int, dtype: np.dtype) -> np.ndarray:
-    """A per-thread reusable flat buffer (contents undefined), grown to the largest size asked."""
-    pool = _thread_pool("scratch", _all_scratch)
-    buf = pool.get(name)
-    if buf is None or buf.nbytes < size * dtype.itemsize:
-        buf = pool[name] = np.empty(max(size * dtype.itemsize, 64), dtype=np.uint8)
-    return buf[: size * dtype.itemsize].view(dtype)
+_SCRATCH = ("depthwise-stack", "depthwise-acc")  # names of this module's per-thread scratch (minfer_core.scratch)
 
 
 _all_padded: list[dict[tuple, np.ndarray]] = []  # every thread's padded-buffer pool, to drop a layout's from all
-_all_scratch: list[dict[str, np.ndarray]] = []  # every thread's scratch pool
 
 
 def _padded(key: tuple, size: int, dtype: np.dtype) -> np.ndarray:
@@ -316,10 +309,7 @@ class _Depthwise:
         if best.parts == 1 and any(ch.parts > 1 for ch in choices):
             # a losing split grew the other threads' scratch (shufflenet b1: 4.5 MB more peak memory); a
             # plan that does split makes it again at its next run
-            mine = _local.__dict__.get("scratch")
-            for scratch in _all_scratch:
-                if scratch is not mine:
-                    scratch.clear()
+            release_scratch(*_SCRATCH, others_only=True)
         return best
 
     def _run(self, choice: _Choice, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
@@ -358,14 +348,14 @@ class _Depthwise:
         for index, cells, part in g.copies:
             np.copyto(grid[index].reshape((cb,) + g.lengths)[(slice(None),) + cells], x[(slice(None),) + part],
                       casting="same_kind")
-        stack = _scratch("stack", g.taps * cb * g.wide, work).reshape(g.taps, cb, g.wide)
+        stack = scratch(_SCRATCH[0], (g.taps, cb, g.wide), work)
         for group in g.groups:
             rows = slice(group.row, group.row + len(group.taps))
             taps = np.ndarray(group.counts + (cb, g.wide), work, planes, (group.phase * cb * g.plane + group.start) * item,
                               tuple(s * item for s in group.steps) + (g.plane * item, item))
             np.multiply(taps, weights[rows].reshape(group.counts + (cb, 1)),
                         out=stack[rows].reshape(group.counts + (cb, g.wide)))
-        acc = _scratch("acc", cb * g.wide, work)
+        acc = scratch(_SCRATCH[1], (cb * g.wide,), work)
         ones = self._ones.get(work)
         if ones is None:
             ones = self._ones[work] = np.ones(g.taps, dtype=work)
@@ -381,8 +371,8 @@ class _Depthwise:
         g, cb = self.copies, x.shape[0]
         assert g is not None
         planes = _padded(("copies", cb, work) + self._key, len(g.phases) * cb * g.plane, work)
-        cols = _scratch("stack", cb * g.taps * g.outputs, work)
-        acc = None if g.direct(y, work) else _scratch("acc", cb * g.outputs, work).reshape(cb, 1, g.outputs)
+        cols = scratch(_SCRATCH[0], (cb * g.taps * g.outputs,), work)
+        acc = None if g.direct(y, work) else scratch(_SCRATCH[1], (cb, 1, g.outputs), work)
         g.block(x, weights, y, planes.reshape(len(g.phases), cb, g.plane), cols.reshape(cb, g.taps, g.outputs),
                 acc, bias)
 
@@ -396,7 +386,7 @@ class _Depthwise:
             np.copyto(buf.reshape(g.padded + (cb,))[cells], x[(slice(None),) + part].transpose(g.to_last),
                       casting="same_kind")
         taps = np.ndarray(g.kernel + g.out + (cb,), work, buf, 0, tuple(s * cb * item for s in g.steps) + (item,))
-        acc = _scratch("acc", math.prod(g.out) * cb, work).reshape(g.out + (cb,))
+        acc = scratch(_SCRATCH[1], g.out + (cb,), work)
         np.einsum(g.spec, taps, weights.reshape(g.kernel + (cb,)), out=acc)
         if bias is not None:  # here, where rows run over channels, not on y's short rows
             acc += bias.reshape(cb)

@@ -14,12 +14,11 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import threading
 from typing import Callable
 
 import numpy as np
 
-from minfer_core import kernel, parallel_for, spmd
+from minfer_core import kernel, parallel_for, scratch, spmd
 
 from . import _geometry as geo
 
@@ -51,7 +50,7 @@ def _worth_splitting(x: np.ndarray) -> bool:
 _TILE_CELLS = 1 << 18
 
 
-_local = threading.local()
+SCRATCH = "pool"  # this module's per-thread scratch (minfer_core.scratch)
 
 Reducer = Callable[[np.ndarray, np.ndarray], None]
 
@@ -139,11 +138,10 @@ def _separable(w: geo.Window, op, fill) -> tuple[Reducer, int]:
 def _scratch(dtype: np.dtype, sizes: list[int]) -> list[np.ndarray]:
     """Flat arrays of ``sizes`` elements carved from this thread's scratch (reused by every pool it runs)."""
     spans = [-(-n * dtype.itemsize // 64) * 64 for n in sizes]  # cache-line aligned
-    buf = getattr(_local, "buf", None)
     if sum(spans) > 2 * _CHUNK_BYTES:  # planes too large to chunk (megapixel images): not kept for later
         buf = np.empty(sum(spans), dtype=np.uint8)
-    elif buf is None or buf.nbytes < sum(spans):
-        buf = _local.buf = np.empty(sum(spans), dtype=np.uint8)
+    else:
+        buf = scratch(SCRATCH, (sum(spans),), np.uint8)
     out, off = [], 0
     for n, span in zip(sizes, spans):
         out.append(buf[off : off + n * dtype.itemsize].view(dtype))

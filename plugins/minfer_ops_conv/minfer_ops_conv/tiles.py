@@ -1,4 +1,4 @@
-"""How a conv method cuts its output into tiles, and the per-thread scratch buffers tiles work in.
+"""How a conv method cuts its output into tiles (their scratch is `minfer_core.scratch`, per thread).
 
 A tile is (image, output-channel range, output-row range): the unit one
 thread finishes completely (copy, GEMM, bias, the fused op's epilogue)
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import os
-import threading
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -127,23 +126,3 @@ def run_tiles(tiles: list[Tile], fn: Callable[[Tile], None]) -> None:
             fn(tiles[k])
 
     parallel_for(len(tiles), span, parts=len(tiles), outputs_only=True)
-
-
-_local = threading.local()
-
-
-def scratch(name: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    """A per-thread reusable buffer of this shape (contents undefined): no page faults for every tile.
-
-    One buffer per ``name`` per thread, grown to the largest size asked; a
-    method uses distinct names for buffers it needs at the same time.
-    """
-    dtype = np.dtype(dtype)
-    size = math.prod(shape) * dtype.itemsize
-    pool = getattr(_local, "buffers", None)
-    if pool is None:
-        pool = _local.buffers = {}
-    buf = pool.get(name)
-    if buf is None or buf.nbytes < size:
-        buf = pool[name] = np.empty(max(size, 1), dtype=np.uint8)
-    return buf[:size].view(dtype).reshape(shape)

@@ -15,8 +15,9 @@ import math
 
 import numpy as np
 
+from minfer_core import scratch
+
 from . import _geometry as geo
-from . import tiles
 from .tiles import Tile, cut, finish, run_tiles
 
 # (B^T, G, A^T) per output tile size m (Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks")
@@ -75,8 +76,8 @@ def _layout(name: str, images: int, dims: tuple[int, ...], channels: int, dtype:
     """
     lead = (outer,) if outer else ()
     if not last:
-        return tiles.scratch(name, lead + (channels, images) + dims, dtype)
-    buf = tiles.scratch(name, lead + (images,) + dims + (channels,), dtype)
+        return scratch(name, lead + (channels, images) + dims, dtype)
+    buf = scratch(name, lead + (images,) + dims + (channels,), dtype)
     n = len(lead)
     end = n + 1 + len(dims)
     return buf.transpose(tuple(range(n)) + (end, n) + tuple(range(n + 1, end)))
@@ -132,7 +133,7 @@ def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, last: b
     k, m = y.shape[:2]
     lead = (k, th, tw, m) if last else (m, k, th, tw)
     p = prod.reshape((4, 4) + lead)
-    s = tiles.scratch("winograd-s", (2, 4) + lead, prod.dtype)
+    s = scratch("winograd-s", (2, 4) + lead, prod.dtype)
     np.add(p[0], p[1], out=s[0])
     s[0] += p[2]
     np.subtract(p[1], p[2], out=s[1])
@@ -146,7 +147,7 @@ def _output_transform(prod: np.ndarray, y: np.ndarray, th: int, tw: int, last: b
 def _columns_last(s: np.ndarray, y: np.ndarray, th: int, tw: int) -> None:
     """Channels last: the 2x2 outputs assembled in scratch, then one transposing copy into y's NCHW rows."""
     k, m = y.shape[:2]
-    z = tiles.scratch("winograd-z", (k, th, 2, tw, 2, m), s.dtype)
+    z = scratch("winograd-z", (k, th, 2, tw, 2, m), s.dtype)
     for r in range(2):
         t = s[r]
         np.add(t[0], t[1], out=z[:, :, r, :, 0])
@@ -159,7 +160,7 @@ def _columns_last(s: np.ndarray, y: np.ndarray, th: int, tw: int) -> None:
 def _columns_first(s: np.ndarray, y: np.ndarray) -> None:
     """Channels first: each output's last sum lands straight in its stride-2 view of y (M, images, rows, ow),
     cropped where the output size is odd."""
-    o = tiles.scratch("winograd-o", s.shape[2:], s.dtype)
+    o = scratch("winograd-o", s.shape[2:], s.dtype)
     for r in range(2):
         rows = y[..., r::2, :]
         if rows.shape[-2] == 0:
@@ -221,11 +222,11 @@ def plan(w: geo.Window, budget: int | None = None):
             v = _input_transform(xp, t1 - t0, tw, last)
             weights = u[:, t.m0 : t.m1]
             if last:  # prod[j] = V[j] @ U[j]^T: (tiles, C) @ (C, M'), channels last for the output transform too
-                prod = tiles.scratch("winograd-prod", (16, v.shape[1], t.m1 - t.m0), x.dtype)
+                prod = scratch("winograd-prod", (16, v.shape[1], t.m1 - t.m0), x.dtype)
                 for j in range(16):
                     np.matmul(v[j], weights[j].T, out=prod[j])
             else:
-                prod = tiles.scratch("winograd-prod", (16, t.m1 - t.m0, v.shape[2]), x.dtype)
+                prod = scratch("winograd-prod", (16, t.m1 - t.m0, v.shape[2]), x.dtype)
                 for j in range(16):
                     np.matmul(weights[j], v[j], out=prod[j])
             _output_transform(prod, y[t.image : t.image + k, t.m0 : t.m1, m * t0 : m * t1], t1 - t0, tw, last)
