@@ -21,7 +21,8 @@ from typing import Any, Sequence
 
 from bench.models import LIGHT
 
-COLUMNS = {"minfer ms": "minfer_ms", "ORT ms": "ort_ms", "minfer/ORT": "minfer_over_ort", "ref/minfer": "ref_over_minfer"}
+COLUMNS = {"minfer ms": "minfer_ms", "ORT ms": "ort_ms", "ref ms": "ref_ms", "minfer/ORT": "minfer_over_ort",
+           "ref/minfer": "ref_over_minfer", "ref/ORT": "ref_over_ort"}
 
 
 def load(path: str) -> list[dict[str, Any]]:
@@ -29,7 +30,7 @@ def load(path: str) -> list[dict[str, Any]]:
     text = Path(path).read_text()
     if path.endswith(".json"):
         data = json.loads(text)
-        return data["rows"] if isinstance(data, dict) else data
+        return _with_ref_over_ort(data["rows"] if isinstance(data, dict) else data)
     lines = [line for line in text.splitlines() if line.startswith("|")]
     header = [c.strip() for c in lines[0].strip("|").split("|")]
     rows = []
@@ -41,6 +42,14 @@ def load(path: str) -> list[dict[str, Any]]:
             if value not in ("-", ""):
                 row[key] = float(value)
         rows.append(row)
+    return _with_ref_over_ort(rows)
+
+
+def _with_ref_over_ort(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Runs before the ref/ORT column have both times: derive it."""
+    for row in rows:
+        if "ref_over_ort" not in row and row.get("ref_ms") and row.get("ort_ms"):
+            row["ref_over_ort"] = row["ref_ms"] / row["ort_ms"]
     return rows
 
 
@@ -68,8 +77,8 @@ def combine(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
                     "minfer_ms": statistics.median(r["minfer_ms"] for r in rows),
                     "ort_ms": statistics.median(r["ort_ms"] for r in rows),
                     "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-                    "ref_over_minfer": statistics.median(r["ref_over_minfer"] for r in rows if "ref_over_minfer" in r)
-                    if any("ref_over_minfer" in r for r in rows) else None})
+                    **{key: statistics.median(r[key] for r in rows if key in r) if any(key in r for r in rows) else None
+                       for key in ("ref_over_minfer", "ref_over_ort")}})
     return out
 
 
@@ -85,12 +94,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     rows = combine([load(p) for p in args.runs])
     print(f"medians over {len(args.runs)} runs\n")
-    print("| model | b | minfer ms | ORT ms | minfer/ORT (median) | range over runs | ref/minfer |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | b | minfer ms | ORT ms | minfer/ORT (median) | range over runs | ref/minfer | ref/ORT |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
-        ref = f"{r['ref_over_minfer']:.1f}" if r["ref_over_minfer"] else "-"
+        ref, ref_ort = (f"{r[k]:.1f}" if r[k] else "-" for k in ("ref_over_minfer", "ref_over_ort"))
         print(f"| {r['model']} | {r['batch']} | {r['minfer_ms']:.1f} | {r['ort_ms']:.1f} | {r['ratio']:.2f} | "
-              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {ref} |")
+              f"{r['ratio_min']:.2f}-{r['ratio_max']:.2f} | {ref} | {ref_ort} |")
     for batch in sorted({r["batch"] for r in rows}):
         light = [r["ratio"] for r in rows if r["batch"] == batch and r["model"] in LIGHT]
         if light:

@@ -50,3 +50,21 @@ def test_runs_from_before_the_label_combine_with_either(tmp_path, capsys):
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"rows": [dict(ROW, minfer_over_ort=2.0)]}))
     assert combine.main([str(old), _run(tmp_path, "new", "Haswell", 3.0)]) == 0
+
+
+def test_onnxruntimes_own_speed_up_over_the_reference_is_reported_and_combined(tmp_path, capsys):
+    """Each run shows ref/ORT beside ref/minfer and names where onnxruntime itself is under 50x; combine reads it."""
+    rows = [dict(ROW, ref_ms=400.0, ref_over_minfer=40.0, ref_over_ort=100.0),
+            dict(ROW, model="resnet50", ref_ms=160.0, ref_over_minfer=16.0, ref_over_ort=40.0)]
+    summary = benchmark.summarize(rows, [1])
+    assert summary["ort_below_50x"] == ["resnet50 b1 40x"]
+    text = benchmark.markdown(rows, summary, None)
+    assert "onnxruntime's own speed-up over ReferenceEvaluator is below 50x on: resnet50 b1 40x" in text
+    path = tmp_path / "run.md"
+    path.write_text(text)
+    assert [r["ref_over_ort"] for r in combine.load(str(path))] == [100.0, 40.0]
+    old = tmp_path / "old.json"  # runs from before the column: derived from the two times
+    old.write_text(json.dumps({"rows": [dict(ROW, ref_ms=400.0, ref_over_minfer=40.0)]}))
+    assert combine.load(str(old))[0]["ref_over_ort"] == pytest.approx(100.0)
+    assert combine.main([str(old), str(path)]) == 0
+    assert "| 2.50 | 2.50-2.50 | 40.0 | 100.0 |" in capsys.readouterr().out
