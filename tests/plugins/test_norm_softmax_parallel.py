@@ -94,6 +94,21 @@ def test_softmax_rows_that_need_the_shift():
     assert (y[2, 5, ::2] == 0).all()
 
 
+@pytest.mark.parametrize("opset", [1, 13])
+def test_softmax_long_rows_shift_by_their_maximum(opset):
+    """Classifier rows (1000 classes) with logits that overflow exp, -inf and nan rows: the float64 formula's values."""
+    x = (RNG.standard_normal((4, 1000)) * 300).astype(np.float32)  # a random-weight classifier's logits
+    x[1, ::3] = -np.inf
+    x[2] = -np.inf  # nan, as onnxruntime
+    x[3, 10] = np.nan
+    assert x.shape[1] >= activation.LONG_ROW
+    y = _same_ways(_kernel("Softmax", opset), x, inplace=True, axis=1)
+    with np.errstate(invalid="ignore"):
+        want = _softmax64(x.astype(np.float64), -1)
+    np.testing.assert_allclose(y, want, rtol=2e-6, atol=1e-9)
+    assert np.isnan(y[2]).all() and np.isnan(y[3]).all() and not np.isnan(y[:2]).any()
+
+
 @pytest.mark.parametrize("shape,axis", [((7,), 0), ((2, 3), -1), ((4, 1, 5), 1), ((2, 3, 4, 5), 2), ((1, 1, 1), -1)])
 def test_softmax_odd_shapes_and_axes(shape, axis):
     """Tiny tensors and axes that are not the last: same values as the float64 formula, out= as allocating."""
