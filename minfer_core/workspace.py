@@ -29,10 +29,12 @@ import numpy as np
 class _Buffers:
     """One thread's buffers by name; weakly listed, so a thread that ends (or is lost in a fork) frees them."""
 
-    __slots__ = ("held", "__weakref__")
+    __slots__ = ("held", "last", "__weakref__")
 
     def __init__(self) -> None:
         self.held: dict[str, np.ndarray] = {}
+        # per name, the last (shape, dtype) asked and the view given: tiles ask the same again and again
+        self.last: dict[str, tuple[tuple[int, ...], np.dtype, np.ndarray]] = {}
 
 
 _local = threading.local()
@@ -54,13 +56,18 @@ def scratch(name: str, shape: tuple[int, ...], dtype: np.dtype | type = np.float
 
     Valid until this thread's next call with the same name (or a `release_scratch` of it).
     """
+    bufs = _local.__dict__.get("buffers") or _mine()
+    last = bufs.last.get(name)
+    if last is not None and last[0] == shape and last[1] == dtype:
+        return last[2]
     dtype = np.dtype(dtype)
     size = math.prod(shape) * dtype.itemsize
-    held = _mine().held
-    buf = held.get(name)
+    buf = bufs.held.get(name)
     if buf is None or buf.nbytes < size:
-        buf = held[name] = np.empty(max(size, 64), dtype=np.uint8)
-    return buf[:size].view(dtype).reshape(shape)
+        buf = bufs.held[name] = np.empty(max(size, 64), dtype=np.uint8)
+    view = buf[:size].view(dtype).reshape(shape)
+    bufs.last[name] = (tuple(shape), dtype, view)
+    return view
 
 
 def _all() -> list[_Buffers]:
@@ -83,6 +90,7 @@ def release_scratch(*names: str, others_only: bool = False) -> int:
         held = bufs.held
         for name in list(held) if not names else names:  # list(): one step under the GIL
             buf = held.pop(name, None)
+            bufs.last.pop(name, None)
             dropped += 0 if buf is None else buf.nbytes
     return dropped
 

@@ -99,3 +99,14 @@ def test_memory_report_shows_the_scratch_kernels_hold():
     # the slab alone: 4 channels x 9 taps x 256 columns of float32
     assert report["scratch_bytes"] >= 4 * 9 * 256 * 4
     assert report["scratch_bytes"] == scratch_bytes()
+
+
+def test_asking_again_for_the_same_shape_returns_the_same_view_until_released():
+    """The steady state (a tile asking the same shape each run) costs a dict lookup; a release forgets the view."""
+    a = scratch(NAME, (3, 5), np.float32)
+    assert scratch(NAME, (3, 5), np.float32) is a
+    assert scratch(NAME, (5, 3), np.float32) is not a
+    b = scratch(NAME, (3, 5), np.float32)
+    assert np.shares_memory(a, b)
+    release_scratch(NAME)
+    assert scratch(NAME, (3, 5), np.float32) is not b
