@@ -266,7 +266,9 @@ class Engine:
         finally:
             if team is not None:
                 team.end()
-            if mode is not None and mode.team is None and (team is not None) == mode.want_team():
+            # a run in which the worker failed (its share recomputed here) times the failure, not the team
+            failed = team is not None and team.broken
+            if mode is not None and mode.team is None and (team is not None) == mode.want_team() and not failed:
                 mode.record(team is not None, time.perf_counter() - start)
             if previous is not None and previous != 1:
                 set_blas_threads(previous)

@@ -179,6 +179,7 @@ class ModeChoice:
     """
 
     TRIALS = 2
+    GAIN = 1.0  # the team stays when its best run took less than this times the threads' best
 
     def __init__(self, team: bool | None = None) -> None:
         self.team = team
@@ -194,7 +195,7 @@ class ModeChoice:
             return
         self._times[team].append(seconds)
         if all(len(t) >= self.TRIALS for t in self._times.values()):
-            self.team = min(self._times[True]) < min(self._times[False])
+            self.team = min(self._times[True]) < self.GAIN * min(self._times[False])
 
 
 # ---- step registry ----------------------------------------------------------------------

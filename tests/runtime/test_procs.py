@@ -29,11 +29,13 @@ RUNS = 2 * Dispatch.TRIALS + 4  # discovery, the timed trials, then steady runs
 
 @pytest.fixture(autouse=True)
 def share_everything(monkeypatch):
-    """Share every candidate step (timing decides otherwise) and take the conv's first method and the
-    depthwise conv's first layout (no tuners: two engines could time their way to different ones)."""
+    """Share every candidate step and keep the team for every shape (timing decides otherwise: on a busy
+    host the threads' tiny runs here can win), and take the conv's first method and the depthwise conv's
+    first layout (no tuners: two engines could time their way to different ones)."""
     from minfer_ops_conv import conv, depthwise
 
     monkeypatch.setattr(Dispatch, "GAIN", 1e9)
+    monkeypatch.setattr(procs.ModeChoice, "GAIN", 1e9)
     monkeypatch.setattr(conv, "TUNE", False)
     monkeypatch.setattr(depthwise, "TUNE", False)
 
@@ -201,7 +203,11 @@ def _double_model(op_type="Double"):
     return _model(nodes, [x], [y], opsets=(("", 17), ("test.procs", 1)))
 
 
-def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plugin, tmp_path, monkeypatch):
+@pytest.mark.parametrize("team_gain", [1e9, 1e-9])
+def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plugin, tmp_path, monkeypatch, team_gain):
+    # team_gain 1e-9: the threads win the team-or-threads trials; the failed run must not count as one of the
+    # team's, else those trials end before the next team run and no worker is forked again (seen in CI)
+    monkeypatch.setattr(procs.ModeChoice, "GAIN", team_gain)
     flag = tmp_path / "fail"
     monkeypatch.setattr(_Flaky, "FLAG", str(flag))
     minfer_plugin(_Flaky())
@@ -304,7 +310,8 @@ def test_dispatch_shares_the_steps_that_ran_faster_shared(monkeypatch):
     assert d.flags == [True, False, False]  # 0.5 < 0.9 * 1.0; 1.0 is not; never a non-candidate
 
 
-def test_mode_choice_keeps_the_faster_way():
+def test_mode_choice_keeps_the_faster_way(monkeypatch):
+    monkeypatch.setattr(procs.ModeChoice, "GAIN", 1.0)
     m = procs.ModeChoice()
     times = {True: 2.0, False: 1.5}
     while m.team is None:
