@@ -20,6 +20,7 @@ hold: peak memory is the arena plus this.
 from __future__ import annotations
 
 import math
+import os
 import threading
 import weakref
 
@@ -40,6 +41,17 @@ class _Buffers:
 _local = threading.local()
 _every: "weakref.WeakSet[_Buffers]" = weakref.WeakSet()
 _every_lock = threading.Lock()
+
+
+def _new_lock_after_fork() -> None:
+    """A forked child (a process team's worker) has only the forking thread: a lock another thread held
+    at the fork would stay taken for good."""
+    global _every_lock
+    _every_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_after_fork)
 
 
 def _mine() -> _Buffers:

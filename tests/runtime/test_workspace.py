@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -110,3 +112,28 @@ def test_asking_again_for_the_same_shape_returns_the_same_view_until_released():
     assert np.shares_memory(a, b)
     release_scratch(NAME)
     assert scratch(NAME, (3, 5), np.float32) is not b
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork-only")
+def test_a_forked_child_can_register_new_threads_even_if_the_lock_was_held_at_the_fork():
+    """The registry's lock is made anew in a forked child: a thread holding it at the fork cannot hang the child."""
+    from minfer_core import workspace
+
+    with workspace._every_lock:  # as if another thread held it at the moment of the fork
+        pid = os.fork()
+        if pid == 0:  # the child: a new thread's first scratch takes the lock
+            try:
+                ok = _in_thread(lambda: scratch(NAME, (4,), np.float32).size == 4)
+                os._exit(0 if ok else 1)
+            finally:
+                os._exit(2)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+            return
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child hung on the scratch registry's lock")
