@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from typing import Any
 
 import numpy as np
@@ -121,3 +123,16 @@ def run_conv_plan(plan: Any, x: np.ndarray, p: Any, b: np.ndarray, want: np.ndar
     assert (seen == 1).all(), (plan, threads)
     np.testing.assert_allclose(-y, want, rtol=1e-4, atol=1e-4)
     return y
+
+
+def child_exit_code(pid: int, hang: str, timeout: float = 20.0) -> int:
+    """The exit code of forked child ``pid``; kills it and fails the test with ``hang`` if it is not done in time."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        finished, status = os.waitpid(pid, os.WNOHANG)
+        if finished:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.01)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail(hang)

@@ -10,6 +10,7 @@ import pytest
 import minfer_core
 from minfer_core import intra_op_threads, parallel_for
 from minfer_core.parallel import ThreadPool, using_threads
+from modelkit import child_exit_code
 
 
 def _cover(n: int, parts: int | None = None) -> tuple[list[tuple[int, int]], set[str]]:
@@ -194,7 +195,6 @@ def test_session_runs_kernels_with_its_thread_count():
 def test_a_forked_child_gets_its_own_workers():
     """After fork the child has none of the parent's worker threads: its parallel_for must not wait for them."""
     import os
-    import time
 
     with using_threads(2):
         parallel_for(2, lambda lo, hi: None)  # the parent's pool exists and has run
@@ -207,13 +207,4 @@ def test_a_forked_child_gets_its_own_workers():
             os._exit(0 if sorted(done) == [0, 1, 2, 3] else 1)
         finally:
             os._exit(2)
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        finished, status = os.waitpid(pid, os.WNOHANG)
-        if finished:
-            assert os.waitstatus_to_exitcode(status) == 0
-            return
-        time.sleep(0.05)
-    os.kill(pid, 9)
-    os.waitpid(pid, 0)
-    pytest.fail("the forked child hung in parallel_for")
+    assert child_exit_code(pid, "the forked child hung in parallel_for") == 0
