@@ -228,14 +228,49 @@ def _finish(
     real = plan_arena(arena_blocks, n + 1, sum(b.size for b in arena_blocks))
     buffers = {s: (real.offsets[s], roots[s][1], roots[s][2]) for s in physical}
     report = _report(full, real, len(blocks), len(arena_blocks), len(inplace_steps & set(outs_bound)))
-    steps_ = [_bound_step(i, spec, outs_bound.get(i), inp.free_after[i]) for i, spec in enumerate(inp.specs)]
+    steps_ = [_bound_step(spec, outs_bound.get(i), inp.free_after[i], inp.aliases[i]) for i, spec in enumerate(inp.specs)]
     return Plan(steps_, buffers, real.arena_bytes, report)
 
 
-def _bound_step(i: int, spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...]) -> PendingStep:
+def _bound_step(spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...],
+                seen: frozenset[tuple[int, int]]) -> PendingStep:
     # the buffer itself is bound later (bind_buffers), once the arena exists
-    return (spec.fn, spec.ins, spec.outs[0] if spec.outs else 0, spec.outs, free) if buffer_slot is None else (
-        _OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
+    if buffer_slot is not None:
+        return (_OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
+    fn = spec.fn
+    if spec.kernel.views is None:
+        # The kernel did not declare whether it returns views, so the plan rests on what the discovery run
+        # saw. Whether a kernel aliases can depend on input *values* (Resize by a runtime scale of 1 returns
+        # its input): every run checks, and copies an output that aliases an input the plan did not join it to.
+        fn = _FreshOutputs(fn, seen)
+    return (fn, spec.ins, spec.outs[0] if spec.outs else 0, spec.outs, free)
+
+
+class _FreshOutputs:
+    """A step's callable whose outputs share memory with its inputs only where ``allowed`` (output, input) says."""
+
+    __slots__ = ("fn", "allowed")
+
+    def __init__(self, fn: Callable[..., Any], allowed: frozenset[tuple[int, int]]) -> None:
+        self.fn = fn
+        self.allowed = allowed
+
+    def __call__(self, *args: Any) -> Any:
+        res = self.fn(*args)
+        several = type(res) is tuple or type(res) is list
+        results = list(res) if several else [res]
+        copied = False
+        for j, r in enumerate(results):
+            if type(r) is not np.ndarray:
+                continue
+            for n, a in enumerate(args):
+                if type(a) is np.ndarray and (j, n) not in self.allowed and np.may_share_memory(r, a):
+                    results[j] = np.array(r, copy=True)
+                    copied = True
+                    break
+        if not copied:
+            return res
+        return tuple(results) if several else results[0]
 
 
 @attrs.frozen
