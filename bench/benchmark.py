@@ -198,7 +198,8 @@ def loop_overhead(nodes: int = 2000, repeat: int = 30) -> dict[str, float]:
     feeds = {"v0": np.zeros(4, np.float32)}
     sess.run(None, feeds)
     engine_s = min(timed(lambda f: sess.run(None, f), feeds, repeat))
-    fns = [(step[0], step[1]) for step in sess._bound[next(iter(sess._bound))]]
+    bound = sess.executor.plans.bound
+    fns = [(step[0], step[1]) for step in bound[next(iter(bound))]]
     one = sess.graph.initializers["one"]
 
     def direct(_: Any) -> None:
@@ -335,9 +336,28 @@ def run_benchmark(
     }
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    from minfer_core.cli_runtime import add_bench_arguments
+def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``python -m bench.benchmark`` (a checkout tool: the installed ``minfer`` CLI has no ``bench``)."""
+    parser.add_argument("--models", nargs="*", help="subset of the light model names (resnet50, ...) and transformer")
+    parser.add_argument("--batches", nargs="*", type=int, default=[1, 8])
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine per round")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating minfer/onnxruntime rounds")
+    parser.add_argument("--threads", type=int, default=2, help="onnxruntime's intra-op threads")
+    parser.add_argument("--minfer-threads", type=_thread_count, default="auto",
+                        help="numpy BLAS threads for minfer: a count or 'auto' (default; see minfer_parallel)")
+    parser.add_argument("--parallel", choices=("threads", "processes"), default=None,
+                        help="how minfer's kernels split their work (default: MINFER_PARALLEL, else threads)")
+    parser.add_argument("--ref-repeat", type=int, default=1, help="timed ReferenceEvaluator runs")
+    parser.add_argument("--no-ref", action="store_true", help="skip the ReferenceEvaluator")
+    parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
+    parser.add_argument("--json", default=None, help="where to write the results (default bench/results/latest.json)")
 
+
+def _thread_count(text: str) -> int | str:
+    return text if text == "auto" else int(text)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.benchmark", description=__doc__.splitlines()[0])
     add_bench_arguments(parser)
     return run_from_args(parser.parse_args(argv))

@@ -50,7 +50,7 @@ def gemm_shapes(name: str, batch: int) -> list[tuple[list[tuple[int, int, int, i
     feeds = random_feeds(model)
     sess = minfer_core.InferenceSession(model, passes="none", threads=1)
     graph = sess.graph
-    types = sess.shape_types(tuple((feeds[n].shape, feeds[n].dtype) for n in graph.inputs))
+    types = sess.executor.plans.shape_types(tuple((feeds[n].shape, feeds[n].dtype) for n in graph.inputs))
 
     def shape(value: str) -> tuple[int, ...]:
         if value in graph.initializers:
@@ -114,7 +114,7 @@ GEMM_SHAPES = ((2048, 2048, 2048), (256, 64, 3136), (64, 576, 3136), (256, 2304,
 
 def numpy_gemm_ms(m: int, k: int, n: int, repeat: int = 15) -> float:
     """Best time of numpy's float32 GEMM on two cores: two BLAS threads, or one thread's time halved."""
-    from minfer_core.threads import set_blas_threads
+    from minfer_parallel.blas import set_blas_threads
 
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)

@@ -19,7 +19,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from minfer_core.parallel import using_threads
-from minfer_core.threads import set_blas_threads
+from minfer_parallel.blas import set_blas_threads
 from minfer_ops_conv import _geometry as geo
 from minfer_ops_conv import depthwise
 

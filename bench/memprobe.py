@@ -80,7 +80,7 @@ def probe(engine: str, name: str, batch: int, runs: int, threads: int | str = 2)
 
 
 def _worker_private_mb() -> float:
-    from minfer_core import procs
+    from minfer_parallel import procs
 
     team = procs._team
     if team is None or not team.pid:

@@ -30,10 +30,12 @@ def register_ops(register: Callable[..., None]) -> None:
 def register_kernels(register: Callable[..., None]) -> None:
     """Provide kernels for operators (yours or another plugin's).
 
-    Call ``register(*kernels)`` with `Kernel` records made by ``@kernel`` (or
-    lists or modules' ``KERNELS`` lists of them). For one (domain, op_type,
-    since, provider) the highest priority wins; equal priorities from two
-    plugins are an `AmbiguousKernelError` unless the user states a preference.
+    Call ``register(*kernels)`` with `Kernel` records made by ``@kernel``,
+    lists of them, or modules: a module stands for every record it defines
+    (`kernels_in`), so no hand-kept list can forget one. Selection takes the
+    newest ``since`` not above the model's opset, then the highest priority;
+    equal priorities from two plugins are an `AmbiguousKernelError` unless
+    the user states a preference.
     """
 
 
@@ -53,6 +55,17 @@ def register_observers(register: Callable[..., None]) -> None:
     Call ``register(observer)`` with objects that have ``on_node_start(node)``
     and ``on_node_end(node, outputs)`` methods. They are collected once; the
     run loop calls them directly, so having none costs nothing.
+    """
+
+
+@hookspec
+def register_executors(register: Callable[..., None]) -> None:
+    """Provide executors: ways of running a built model's steps (threads, a process team).
+
+    Call ``register(*executors)`` with `Executor` records. A session picks
+    one by name (``parallel=``); without a name the highest ``priority``
+    installed runs. The core's "sequential" (priority 0) is always there;
+    choosing a name two plugins registered is an error naming both.
     """
 
 

@@ -133,12 +133,3 @@ class AliasSets:
             lo, hi = sorted((ra, rb))
             self._parent[hi] = lo
 
-
-def group_ends(keys: Iterable[int], last_use: Mapping[int, int], sets: AliasSets) -> dict[int, int]:
-    """Per alias-set root, the last step at which any member is read."""
-    ends: dict[int, int] = {}
-    for k in keys:
-        root = sets.find(k)
-        ends[root] = max(ends.get(root, -1), last_use.get(k, -1))
-    return ends
-

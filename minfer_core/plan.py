@@ -15,7 +15,7 @@ types from runtime shape inference through the op schemas decide:
   input's arena buffer;
 - the bound run loop: each step's callable with its ``out=`` buffer fixed.
 
-With concurrent stages (stages.py), a stage is one moment of the plan: a
+With concurrent stages (`Stage`, chosen by an executor plugin), a stage is one moment of the plan: a
 buffer defined in a stage lives from its first step, one read in a stage to
 its last step, so branches running side by side never share bytes; and a
 step in a stage writes in place only into a buffer its own branch made (no
@@ -25,7 +25,7 @@ other branch reads that).
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -34,9 +34,6 @@ from .kernel import Kernel
 from .memory import AliasSets, ArenaPlan, Block, align, plan_arena
 from .tensor import TensorType
 
-if TYPE_CHECKING:
-    from .stages import Stage
-
 # (callable, input slots, first output slot, all output slots, slots to drop after the step)
 Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
 
@@ -44,6 +41,21 @@ Observed = tuple[tuple[int, ...], np.dtype]
 
 # a Step whose callable may still await its arena buffer (see bind_buffers)
 PendingStep = tuple[Any, tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
+
+
+@attrs.frozen
+class Stage:
+    """Steps ``first`` to ``last`` (inclusive) of the run order, in independent ``branches``.
+
+    No step of one branch reads a value a step of another branch writes, so
+    the branches may run at the same time, each in its own order (an
+    executor plugin decides which stages pay; the plan only keeps their
+    buffers apart).
+    """
+
+    first: int
+    last: int
+    branches: tuple[tuple[int, ...], ...]
 
 
 @attrs.define
@@ -118,6 +130,7 @@ def build_plan(inp: PlanInput) -> Plan:
     outs_bound: dict[int, int] = {}  # step -> buffer slot it writes into
     inplace_steps: set[int] = set()
     reused = 0  # bytes of in-place results: memory a plan without reuse would allocate
+    joined: dict[int, frozenset[tuple[int, int]]] = {}  # step -> (output, input) pairs whose memory the plan joined
     branch = {i: (n, k) for n, st in enumerate(inp.stages) for k, b in enumerate(st.branches) for i in b}
 
     def join(a: int, b: int) -> None:
@@ -134,6 +147,7 @@ def build_plan(inp: PlanInput) -> Plan:
             ends[sets.find(slot)] = max(ends.get(sets.find(slot), -1), last.get(slot, i))
             shared = _shared_inputs(spec, j, inp.aliases[i], writes_out)
             static = _static(inp, slot)
+            joined[i] = joined.get(i, frozenset()) | {(j, n) for n, s in enumerate(spec.ins) if s in shared}
             for src in shared:
                 if src in inp.intermediate:
                     join(slot, src)
@@ -153,7 +167,7 @@ def build_plan(inp: PlanInput) -> Plan:
                 if writes_out:
                     resident[slot] = slot
                     outs_bound[i] = slot
-    return _finish(inp, last, sets, ends, roots, resident, outs_bound, inplace_steps, reused)
+    return _finish(inp, last, sets, ends, roots, resident, outs_bound, inplace_steps, reused, joined)
 
 
 def _shared_inputs(spec: StepSpec, j: int, seen: frozenset[tuple[int, int]], writes_out: bool) -> list[int]:
@@ -205,6 +219,7 @@ def _finish(
     outs_bound: dict[int, int],
     inplace_steps: set[int],
     reused: int,
+    joined: Mapping[int, frozenset[tuple[int, int]]],
 ) -> Plan:
     tainted = {sets.find(s) for s in inp.graph_outputs}  # sets a caller will hold on to
     span = {i: (st.first, st.last) for st in inp.stages for i in range(st.first, st.last + 1)}
@@ -228,21 +243,24 @@ def _finish(
     real = plan_arena(arena_blocks, n + 1, sum(b.size for b in arena_blocks))
     buffers = {s: (real.offsets[s], roots[s][1], roots[s][2]) for s in physical}
     report = _report(full, real, len(blocks), len(arena_blocks), len(inplace_steps & set(outs_bound)))
-    steps_ = [_bound_step(spec, outs_bound.get(i), inp.free_after[i], inp.aliases[i]) for i, spec in enumerate(inp.specs)]
+    steps_ = [_bound_step(spec, outs_bound.get(i), inp.free_after[i], joined.get(i, frozenset()))
+              for i, spec in enumerate(inp.specs)]
     return Plan(steps_, buffers, real.arena_bytes, report)
 
 
 def _bound_step(spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...],
-                seen: frozenset[tuple[int, int]]) -> PendingStep:
+                joined: frozenset[tuple[int, int]]) -> PendingStep:
     # the buffer itself is bound later (bind_buffers), once the arena exists
     if buffer_slot is not None:
         return (_OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
     fn = spec.fn
-    if spec.kernel.views is None:
-        # The kernel did not declare whether it returns views, so the plan rests on what the discovery run
-        # saw. Whether a kernel aliases can depend on input *values* (Resize by a runtime scale of 1 returns
-        # its input): every run checks, and copies an output that aliases an input the plan did not join it to.
-        fn = _FreshOutputs(fn, seen)
+    every = len(spec.outs) * len(spec.ins)
+    if spec.kernel.views is not False and len(joined) < every:
+        # A step run without ``out=`` that may return views, where the plan did not join every output to
+        # every input (it trusted the discovery run, or an ``out=`` it did not bind in the end). Whether a
+        # kernel aliases can depend on input *values* (Resize by a runtime scale of 1, Pad by zero pads,
+        # return their input): every run checks, and copies an output aliasing an input it was not joined to.
+        fn = _FreshOutputs(fn, joined)
     return (fn, spec.ins, spec.outs[0] if spec.outs else 0, spec.outs, free)
 
 

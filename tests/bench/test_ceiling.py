@@ -19,7 +19,7 @@ def test_gemm_gap_reports_both_engines_on_each_shape():
 
 
 def test_numpy_gemm_leaves_the_blas_thread_count_as_it_was():
-    from minfer_core.threads import get_blas_threads, set_blas_threads
+    from minfer_parallel.blas import get_blas_threads, set_blas_threads
 
     before = get_blas_threads()
     if before is None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-import minfer_core.engine as engine_mod
+import minfer_core.sequential as sequential_mod
 import minfer_core.infer as infer_mod
 from modelkit import make_model, ort_run, tensor
 from minfer_core import BadFeedError, InferenceSession
@@ -97,17 +97,17 @@ def test_earlier_outputs_survive_runs_of_other_shapes():
 def test_shape_inference_runs_once_per_signature(monkeypatch):
     """Runtime shape inference is cached per input-shape signature; repeated shapes reuse plan and loop."""
     calls = []
-    real = engine_mod.infer_runtime
-    monkeypatch.setattr(engine_mod, "infer_runtime", lambda *a: calls.append(1) or real(*a))
+    real = sequential_mod.infer_runtime
+    monkeypatch.setattr(sequential_mod, "infer_runtime", lambda *a: calls.append(1) or real(*a))
     sess = InferenceSession(attention_like_model())
     shapes = [(1, 5, 16), (3, 7, 16), (1, 5, 16), (3, 7, 16), (1, 5, 16)]
     plans, loops = {}, {}
     for i, shape in enumerate(shapes):
         sess.run(None, {"x": _x(shape, i)})
         sig = ((shape, np.dtype(np.float32)),)
-        assert sess._plans.setdefault(sig, sess._plans[sig]) is plans.setdefault(sig, sess._plans[sig])  # not re-planned
+        assert sess.executor.plans.plans.setdefault(sig, sess.executor.plans.plans[sig]) is plans.setdefault(sig, sess.executor.plans.plans[sig])  # not re-planned
         if i >= 2:  # once both shapes are planned the arena stops growing: loops are reused as they are
-            assert sess._bound[sig] is loops.setdefault(sig, sess._bound[sig])
+            assert sess.executor.plans.bound[sig] is loops.setdefault(sig, sess.executor.plans.bound[sig])
     assert len(calls) == 2
 
 

@@ -163,11 +163,11 @@ def test_alternating_shapes_share_one_arena(out_plugin):
     sess = InferenceSession(model)
     for m in (4, 64, 4):
         sess.run(None, {"x": np.ones((m, N), np.float32)})
-    arena = sess._arena
+    arena = sess.executor.plans.arena
     for i, m in enumerate((64, 4, 17, 4, 64)):
         x = np.random.default_rng(i).standard_normal((m, N)).astype(np.float32)
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], 2 * np.maximum(x + np.float32(0.5), 0), rtol=1e-6)
-    assert sess._arena is arena  # 17 rows fit in the arena sized for 64
+    assert sess.executor.plans.arena is arena  # 17 rows fit in the arena sized for 64
 
 
 def test_concurrent_runs_do_not_share_the_arena(out_plugin):
@@ -210,14 +210,14 @@ def test_real_kernels_write_into_the_same_arena_buffers_each_run():
         for _ in range(3):
             addresses.append({})
             sess.run(None, {"x": x})
-    lo = sess._arena.__array_interface__["data"][0]
-    hi = lo + sess._arena.nbytes
+    lo = sess.executor.plans.arena.__array_interface__["data"][0]
+    hi = lo + sess.executor.plans.arena.nbytes
     slot_names = {s: n for n, s in sess.slots.items()}
     # a view kernel's output (Flatten of an arena buffer) sits in the arena too, at its source's address
     views = {slot_names[sp.outs[0]] for sp in sess.specs if sp.kernel.views}
     backed = [n for n in addresses[1] if addresses[1][n] == addresses[2][n] and lo <= addresses[1][n] < hi
               and n not in views]
-    out_steps = [sp.outs[0] for sp in sess.specs if sp.kernel.out and sp.outs[0] not in sess._graph_outputs]
+    out_steps = [sp.outs[0] for sp in sess.specs if sp.kernel.out and sp.outs[0] not in sess.program.graph_outputs]
     assert out_steps, "no installed kernel declares out=True"
     assert sorted(backed) == sorted(slot_names[s] for s in out_steps)
 
@@ -235,7 +235,7 @@ def test_weights_packed_by_every_reader_are_released(out_plugin):
     model = make_model(nodes, [tensor("x", [N, N])], [tensor("y", [N, N])], [w, v], extra_opsets=[ok.opset()])
     sess = InferenceSession(model)
     assert sess.released == ["w"] and "v" in sess.graph.initializers
-    assert sess.graph.type_of("w").shape == (N,) and sess._template[sess.slots["w"]] is None
+    assert sess.graph.type_of("w").shape == (N,) and sess.program.template[sess.slots["w"]] is None
     x = _feed(0)
     for _ in range(2):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 12 + 3, rtol=1e-6)

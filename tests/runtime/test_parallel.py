@@ -9,7 +9,8 @@ import pytest
 
 import minfer_core
 from minfer_core import intra_op_threads, parallel_for
-from minfer_core.parallel import ThreadPool, using_threads
+from minfer_core.parallel import using_threads
+from minfer_parallel.pool import ThreadPool, acquire_pool, release_pool
 from modelkit import child_exit_code
 
 
@@ -81,28 +82,16 @@ def test_nested_parallel_for_runs_serially_in_workers():
     assert sorted(inner) == [0, 0, 1, 1, 2, 2]
 
 
-def _cpu_seconds_while_idle(seconds: float) -> float:
-    import resource
-    import time
-
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    time.sleep(seconds)
-    after = resource.getrusage(resource.RUSAGE_SELF)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-
-
 def test_workers_spin_only_while_a_run_uses_the_pool():
-    """Inside a using_threads block an idle worker spins (a core busy); after it, the workers sleep."""
-    from minfer_core import parallel
-
-    if parallel._SPIN is None:
-        pytest.skip("no pthread spin locks here: workers sleep between parts, nothing spins")
-    with using_threads(2):
-        _cover(4)
-        busy = _cpu_seconds_while_idle(0.2)
-    idle = _cpu_seconds_while_idle(0.2)
-    assert busy > 0.1, busy  # the worker kept spinning for work while the caller slept
-    assert idle < 0.05, idle
+    """Inside a using_threads block the pool's workers are awake (spinning for work); after it, they sleep."""
+    pool = acquire_pool(2)  # the pool using_threads(2) takes, held so that it outlives the block
+    try:
+        with using_threads(2):
+            _cover(4)
+            assert pool._awake  # woken by the first split, and kept awake until the block ends
+        assert not pool._awake
+    finally:
+        release_pool(pool)
 
 
 def test_pool_used_directly_wakes_and_parks_its_workers():
@@ -116,7 +105,9 @@ def test_pool_used_directly_wakes_and_parks_its_workers():
 
     pool.run(9, fn, parts=3)
     assert sorted(seen) == [(0, 3), (3, 6), (6, 9)]
-    assert _cpu_seconds_while_idle(0.2) < 0.05
+    assert not pool._awake  # parked again after a call made outside a using_threads block
+    pool.close()
+    assert not any(w.is_alive() for w in pool.workers)
 
 
 def test_a_run_pins_its_thread_and_restores_it():
@@ -139,7 +130,7 @@ def test_the_pool_spins_only_with_a_cpu_per_thread(monkeypatch):
     """Two spinning threads on one CPU wait for each other until a scheduler tick: such pools sleep instead."""
     import os
 
-    from minfer_core import parallel
+    from minfer_parallel import pool as parallel
 
     if parallel._SPIN is None or not hasattr(os, "sched_getaffinity"):
         pytest.skip("no pthread spin locks or affinity masks here")
@@ -181,7 +172,7 @@ def test_session_runs_kernels_with_its_thread_count():
 
         @minfer_core.hookimpl
         def register_ops(self, register):
-            register(minfer_core.op("Probe", domain="test.parallel", infer=minfer_core.same_as_input))
+            register(minfer_core.op("Probe", domain="test.parallel", infer=minfer_core.same_as_input()))
 
     with minfer_core.use_plugins(Plugin()):
         for threads in (1, 2):

@@ -10,7 +10,7 @@ from onnx import helper
 
 from modelkit import make_model, tensor
 from minfer_core import InferenceSession, KernelError, hookimpl
-from minfer_core.threads import get_blas_threads, set_blas_threads
+from minfer_parallel.blas import get_blas_threads, set_blas_threads
 
 
 def two_node_model():
@@ -98,13 +98,11 @@ def test_threads_apply_during_runs_only():
 
 def test_auto_threads_drop_to_one_while_other_processes_are_busy(monkeypatch):
     """AutoThreads uses every core on an idle machine and one while other processes keep a core busy."""
-    import minfer_core.threads as threads_mod
+    from minfer_parallel.autothreads import AutoThreads
 
     clock = iter(float(t) for t in range(100))
-    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
     samples = iter([(0, 0), (1.0, 1.0), (2.0, 2.0), (3.9, 2.9), (5.8, 3.8), (7.7, 4.7), (8.7, 5.7), (9.7, 6.7)])
-    monkeypatch.setattr(threads_mod, "_cpu_sample", lambda: next(samples))
-    auto = threads_mod.AutoThreads(2)
+    auto = AutoThreads(2, clock=lambda: next(clock), sample=lambda: next(samples))
     idle = [auto.choose() for _ in range(3)]  # only this process was busy
     busy = [auto.choose() for _ in range(3)]  # others kept ~0.9 of a core busy
     calm = [auto.choose() for _ in range(2)]

@@ -10,10 +10,11 @@ from onnx import TensorProto, helper
 
 from modelkit import make_model, ort_run, tensor
 from minfer_core import InferenceSession, KernelError, hookimpl, kernel, op
-from minfer_core import stages as stages_mod
+from minfer_core import Stage
 from minfer_core.parallel import using_threads
-from minfer_core.sharing import Team
-from minfer_core.stages import Calibration, Stage, choose, producers, split
+from minfer_parallel import stages as stages_mod
+from minfer_parallel.sharing import Team
+from minfer_parallel.stages import Calibration, choose, producers, split
 
 from . import outkernels as ok
 from .outkernels import node
@@ -84,17 +85,21 @@ def test_calibration_keeps_only_stages_that_ran_faster():
 def test_team_shares_a_branch_ranges_with_an_idle_thread():
     """Once out of branches, a thread works on another branch's parallel_for ranges; all ranges run once."""
     done: list[tuple[int, str]] = []
-    started = threading.Event()
+    helped = threading.Event()
 
     def short() -> None:
-        started.set()
+        pass
 
     def long() -> None:
+        publisher = threading.current_thread()
+
         def fn(lo: int, hi: int) -> None:
-            started.wait(5)
             for k in range(lo, hi):
                 done.append((k, threading.current_thread().name))
-                threading.Event().wait(0.002)
+            if threading.current_thread() is publisher:
+                helped.wait(10)  # hold the publisher until the idle thread has taken a range (10 s: against a hang)
+            else:
+                helped.set()
 
         team.run(40, fn, 40)
 
@@ -153,9 +158,9 @@ def test_always_runs_the_branches_as_a_stage_with_the_sequential_outputs():
     want = serial.run(None, {"x": x})[0]
     for _ in range(3):
         np.testing.assert_array_equal(staged.run(None, {"x": x})[0], want)
-    (stage,) = staged._stages[staged._last][0]
+    (stage,) = staged.executor.stages[staged.executor.plans.last][0]
     assert len(stage.branches) == 4  # one per branch (passes may have fused MatMul and Relu)
-    assert staged._staged[staged._last]  # it ran through the staged loop
+    assert staged.executor.staged[staged.executor.plans.last]  # it ran through the staged loop
     np.testing.assert_allclose(want, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 
@@ -167,7 +172,7 @@ def test_alternating_shapes_keep_their_own_stages():
     for i, rows in enumerate([3, 17, 3, 40, 17, 3]):
         x = _x(rows, seed=i)
         np.testing.assert_array_equal(staged.run(None, {"x": x})[0], serial.run(None, {"x": x})[0])
-    assert len(staged._staged) == 3
+    assert len(staged.executor.staged) == 3
 
 
 def test_auto_calibrates_then_settles(monkeypatch):
@@ -182,9 +187,9 @@ def test_auto_calibrates_then_settles(monkeypatch):
     want = serial.run(None, {"x": x})[0]
     for run in range(6):
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
-        sig = sess._last
-        assert (sig in sess._pending) == (run < 4)
-    assert sess._staged[sig]
+        sig = sess.executor.plans.last
+        assert (sig in sess.executor.pending) == (run < 4)
+    assert sess.executor.staged[sig]
 
 
 def test_one_thread_keeps_the_sequential_loop():
@@ -192,7 +197,7 @@ def test_one_thread_keeps_the_sequential_loop():
     sess = InferenceSession(_branchy_model(), threads=1)
     for _ in range(4):
         sess.run(None, {"x": _x(4)})
-    assert not sess._pending and not sess._staged
+    assert not sess.executor.pending and not sess.executor.staged
 
 
 class _FailPlugin:
@@ -229,7 +234,7 @@ def test_a_failing_kernel_in_a_branch_names_its_node(minfer_plugin):
                        extra_opsets=[helper.make_opsetid("test.stages", 1)])
     sess = InferenceSession(model, threads=2, inter_op="always")
     sess.run(None, {"x": np.ones((4, 4), np.float32)})
-    assert sess._staged[sess._last]
+    assert sess.executor.staged[sess.executor.plans.last]
     with pytest.raises(KernelError, match=r"picky.*\(4, 4\).*negative input"):
         sess.run(None, {"x": -np.ones((4, 4), np.float32)})
     # the session still works afterwards
@@ -255,13 +260,13 @@ def _two_branch_out_model():
 
 def _writes_into(sess: InferenceSession, node_name: str, value: str) -> bool:
     """Whether the node's planned ``out=`` is the arena buffer of ``value``."""
-    sig = sess._last
-    step = sess._bound[sig][[n.name for n in sess.step_nodes].index(node_name)]
+    sig = sess.executor.plans.last
+    step = sess.executor.plans.bound[sig][[n.name for n in sess.step_nodes].index(node_name)]
     out = getattr(step[0], "keywords", {}).get("out")
     if out is None:
         return False
-    offset = out.__array_interface__["data"][0] - sess._arena.__array_interface__["data"][0]
-    return offset == sess._plans[sig].buffers[sess.slots[value]][0]
+    offset = out.__array_interface__["data"][0] - sess.executor.plans.arena.__array_interface__["data"][0]
+    return offset == sess.executor.plans.plans[sig].buffers[sess.slots[value]][0]
 
 
 def test_no_in_place_on_a_value_another_branch_reads(out_plugin):
@@ -273,7 +278,7 @@ def test_no_in_place_on_a_value_another_branch_reads(out_plugin):
     want = seq.run(None, {"x": x})[0]
     for _ in range(3):
         np.testing.assert_array_equal(staged.run(None, {"x": x})[0], want)
-    assert staged._stages[staged._last][0]
+    assert staged.executor.stages[staged.executor.plans.last][0]
     assert _writes_into(seq, "r_relu1", "a")
     assert not _writes_into(staged, "r_relu1", "a") and not _writes_into(staged, "l_relu1", "a")
     # within a branch, in place is still fine: AddOut and the second ReluOut write over the first ReluOut's buffer
@@ -285,13 +290,13 @@ def test_stage_buffers_never_share_bytes(out_plugin):
     model = _two_branch_out_model()
     sess = InferenceSession(model, threads=2, inter_op="always")
     sess.run(None, {"x": np.ones((N, N), np.float32)})
-    sig = sess._last
-    (stage,) = sess._stages[sig][0]
+    sig = sess.executor.plans.last
+    (stage,) = sess.executor.stages[sig][0]
     touched = set()
     for i in range(stage.first, stage.last + 1):
         spec = sess.specs[i]
         touched |= {s for s in spec.ins + spec.outs if s}
-    plan = sess._plans[sig]
+    plan = sess.executor.plans.plans[sig]
     spans = [(off, off + np.dtype(dt).itemsize * int(np.prod(shape))) for s, (off, shape, dt) in plan.buffers.items()
              if s in touched]
     spans.sort()
@@ -309,15 +314,21 @@ def test_arena_stays_near_the_live_set(mode):
 
 
 def test_kernels_in_a_stage_never_run_on_more_threads_than_the_session():
-    """Inside a stage at most the session's two threads run kernels at once."""
+    """Inside a stage at most the session's two threads run kernels at once (and two do)."""
     active, peak = [0], [0]
     lock = threading.Lock()
+    pair = threading.Barrier(2, timeout=10)  # staged runs: two probes meet here, so both are active at once
+    staged = [False]
 
     def probe(x):
         with lock:
             active[0] += 1
             peak[0] = max(peak[0], active[0])
-        threading.Event().wait(0.003)
+        if staged[0]:
+            try:
+                pair.wait()
+            except threading.BrokenBarrierError:
+                pass  # no second thread came: peak stays 1 and the assertion says so
         with lock:
             active[0] -= 1
         return x + 0
@@ -338,7 +349,9 @@ def test_kernels_in_a_stage_never_run_on_more_threads_than_the_session():
     model = make_model(nodes, [tensor("x", [4])], [tensor("y", [4])], extra_opsets=[helper.make_opsetid("test.stages", 1)])
     with use_plugins(Probe()):
         sess = InferenceSession(model, threads=2, inter_op="always")
-        for _ in range(3):
+        sess.run(None, {"x": np.ones(4, np.float32)})  # the discovery run: one step after another
+        staged[0] = True
+        for _ in range(2):
             sess.run(None, {"x": np.ones(4, np.float32)})
     assert peak[0] == 2
 

@@ -39,6 +39,6 @@ def test_stages_match_one_thread_bitwise(name, fixed_methods):
         want_ort = ort_run(model, {inp.name: x})
         for g, w in zip(got, want_ort):
             np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-5)
-    assert staged._stages[staged._last][0], f"{name} has branches: some stage should have been planned"
+    assert staged.executor.stages[staged.executor.plans.last][0], f"{name} has branches: some stage should have been planned"
     report = staged.memory_report()
     assert report["arena_bytes"] <= 1.15 * report["live_set_bytes"]

@@ -22,19 +22,21 @@ import itertools
 import threading
 from typing import Any, Callable, Sequence
 
-from . import parallel
+from minfer_core import using_pool
+
+from . import pool
 
 _local = threading.local()  # .helping: this thread is inside a published range (nested parallel_for is serial)
 
 
 def _signal() -> Any:
-    """A one-shot signal whose waiter spins in C with the GIL released (parallel.py's, as the pool's workers use).
+    """A one-shot signal whose waiter spins in C with the GIL released (pool.py's, as the pool's workers use).
 
     A waiter that slept instead would cost 40-80 us to wake on this VM, which
     halts an idle vCPU at once: more than a stage saves. Only threads of a
     running stage wait on these, while their core has nothing else to do.
     """
-    return parallel.signal()
+    return pool.signal()
 
 
 class _Ranges:
@@ -160,4 +162,4 @@ def _idle_signal() -> Any:
 
 def _team_as_pool(team: Team) -> Any:
     """parallel_for and intra_op_threads inside a branch answer from the team, as from a pool."""
-    return parallel.using_pool(team)
+    return using_pool(team)

@@ -11,7 +11,7 @@ so it holds the same kernels, weights and step callables at the same
 addresses. The arena is in memory both processes share (`shared_empty`).
 For a step whose kernel declares ``spmd`` (every write to its output
 happens inside ``parallel_for(..., outputs_only=True)``; anything else it
-writes is private scratch), the engine sends the worker the step's key and
+writes is private scratch), the executor sends the worker the step's key and
 its arrays as (region, offset, shape, strides, dtype); then both processes
 call the same kernel: each runs its own share of the output ranges and
 computes the rest (padding copies, transforms of its own tiles) privately.
@@ -20,13 +20,13 @@ region (~1 us). Between runs the worker sleeps on a pipe.
 
 What must hold for that to be right, and how it is kept:
 - Both processes hold the same state: anything a kernel sets up on the
-  first call for a shape (a tuner's timed choice) happens in the engine's
-  discovery run, after which the engine calls `state_changed`; the team
+  first call for a shape (a tuner's timed choice) happens in the
+  discovery run, after which the executor calls `state_changed`; the team
   re-forks at the next run when the state changed since its fork, and
   dispatches nothing during a run in which it changes.
 - Arrays the worker gets live in shared memory; a step with any other
   array (a feed, a freshly allocated value) runs in this process alone.
-- A failure in either process aborts the other's step; the engine then
+- A failure in either process aborts the other's step; the executor then
   runs the step again alone (outputs are rewritten whole) and the worker
   is replaced at the next run.
 """
@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import functools
 import mmap
 import os
 import pickle
@@ -46,7 +47,10 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .parallel import pin_caller, unpin_caller, using_pool
+from minfer_core import using_pool
+
+from .blas import set_blas_threads
+from .pool import pin_caller, unpin_caller
 
 # ---- shared memory and state generations ------------------------------------------------
 
@@ -207,6 +211,18 @@ def register(fn: Callable[..., Any]) -> int:
     """A key the worker resolves to this same callable (a bound step's partial, made before the fork)."""
     _steps[id(fn)] = fn
     return id(fn)
+
+
+def shareable(steps: Sequence[Any]) -> list[bool]:
+    """Per bound step: does its kernel write its output only in ranges a team may share (``spmd``, ``out=``)?"""
+    flags = []
+    for fn, *_ in steps:
+        base = fn.func if isinstance(fn, functools.partial) else fn
+        shared = bool(getattr(base, "spmd", False)) and isinstance(fn, functools.partial) and "out" in fn.keywords
+        if shared:
+            register(fn)  # the forked worker finds the step's callable by this key
+        flags.append(shared)
+    return flags
 
 
 def _resolve(key: int) -> Callable[..., Any]:
@@ -466,8 +482,6 @@ class Team:
 
 def _worker(control: _Control, read_fd: int, parent: int) -> None:
     """The worker's loop: sleep until woken, then run steps until told to park."""
-    from .threads import set_blas_threads
-
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
     set_blas_threads(1)
@@ -552,8 +566,16 @@ def team() -> Team | None:
     if _team is None:
         if not hasattr(os, "fork") or not hasattr(os, "sched_getaffinity") or len(os.sched_getaffinity(0)) < 2:
             return None
+        if not _handlers:
+            # with the first team, not at import: a process that never forks a worker registers nothing
+            os.register_at_fork(after_in_child=_forget_after_fork)
+            atexit.register(_shutdown)
+            _handlers.append(True)
         _team = Team()
     return _team
+
+
+_handlers: list[bool] = []
 
 
 def worker_cpu_seconds() -> float:
@@ -579,11 +601,6 @@ def _forget_after_fork() -> None:
     _team = None
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-@atexit.register
 def _shutdown() -> None:
     if _team is not None:
         _team.stop()

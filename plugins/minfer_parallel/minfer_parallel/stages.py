@@ -24,7 +24,7 @@ Python parts: on the 2-core VM this was written on, with the intra-op pool
 handing over in ~10 us, whole-model times with every stage on were within
 2% of the sequential loop's (inception_v2 b1 30.5-30.8 ms vs 31.2).
 
-The memory plan treats a stage as one moment (plan.py): every value a stage
+The memory plan treats a stage as one moment (the core's plan.py): every value a stage
 reads lives to its end, every value it writes from its start, and a kernel
 in a stage works in place only on a buffer its own branch made. Results are
 bitwise those of the sequential loop: the same kernels compute the same
@@ -38,7 +38,9 @@ from typing import Any, Mapping, Sequence
 
 import attrs
 
-from .plan import Step
+from minfer_core import Stage
+
+Step = Any  # (callable, input slots, first output slot, output slots, slots to drop): the core's run-loop step
 
 OVERHEAD = 50e-6  # s per stage before it is measured: pool hand-over, the GIL between two Python loops
 MAX_STEPS = 64  # the longest run of steps considered as one stage
@@ -46,19 +48,6 @@ MIN_GAIN = 30e-6  # s: a stage must save at least this much ...
 MIN_SHARE = 0.05  # ... and this share of its sequential time, so timing noise does not decide
 SEQUENTIAL_RUNS = 2  # timed runs with the session's threads (the min per step counts)
 TRIAL_RUNS = 2  # timed runs with the candidate stages (the min per stage counts)
-
-
-@attrs.frozen
-class Stage:
-    """Steps ``first`` to ``last`` (inclusive) of the run order, in independent ``branches``.
-
-    No step of one branch reads a value a step of another branch writes, so
-    the branches may run at the same time, each in its own order.
-    """
-
-    first: int
-    last: int
-    branches: tuple[tuple[int, ...], ...]
 
 
 def producers(ins: Sequence[Sequence[int]], outs: Sequence[Sequence[int]]) -> list[tuple[int, ...]]:

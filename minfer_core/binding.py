@@ -1,0 +1,220 @@
+"""Kernel binding: a built graph becomes a `Program`, the flat step list every executor runs.
+
+Each node gets its kernel (the registry's choice for its opset and
+provider), prepared once for that node; each value gets a slot in one list.
+A step is ``(callable, input slots, first output slot, output slots, slots
+to drop after it)``. Slot 0 stays None: omitted optional inputs read it.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+
+from .errors import KernelError, MinferError, UnsupportedOpError
+from .graph import Graph, Node
+from .kernel import Kernel, KernelContext
+from .plan import Step, StepSpec
+from .plugins import Registry, provider_hint
+from .runloop import StepFailure
+from .tensor import TensorType
+
+
+@attrs.define
+class Program:
+    """What build hands an executor: the steps in order, their nodes and kernels, and the value slots."""
+
+    graph: Graph
+    registry: Registry
+    slots: dict[str, int]
+    template: list[Any]  # the initial slot list: initializers in place, everything else None
+    specs: list[StepSpec]
+    step_nodes: list[Node]
+    free_after: list[tuple[int, ...]]
+    released: list[str]  # initializers dropped at build because every reader packed its own copy
+    observers: list[Any]
+    steps: list[Step] = attrs.field(init=False)  # with each step's dead slots dropped after it
+    unfreed: list[Step] = attrs.field(init=False)  # keeping every value (``intermediate=True`` runs)
+    intermediate: frozenset[int] = attrs.field(init=False)
+    graph_outputs: frozenset[int] = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.steps = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free)
+                      for sp, free in zip(self.specs, self.free_after)]
+        self.unfreed = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
+        self.intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
+        self.graph_outputs = frozenset(self.slots[n] for n in self.graph.outputs)
+
+    def failure(self, failure: StepFailure) -> KernelError:
+        """The KernelError naming the node of a failed step and its input shapes."""
+        node, exc = self.step_nodes[failure.step], failure.__cause__
+        return KernelError(f"{node.label} failed on input shapes {failure.shapes}: {type(exc).__name__}: {exc}")
+
+
+def bind(graph: Graph, registry: Registry, provider: str) -> Program:
+    """Select and prepare a kernel per node (in topological order) and lay the values out in slots."""
+    order = graph.topological_order()
+    kernels = [registry.select_kernel(n.domain, n.op_type, opset(graph, n), provider) for n in order]
+    missing = [n for n, k in zip(order, kernels) if k is None]
+    if missing:
+        raise UnsupportedOpError(_missing_message(graph, missing, registry))
+    slots: dict[str, int] = {}
+    template: list[Any] = [None]
+    for name, value in graph.initializers.items():
+        slots[name] = len(template)
+        template.append(value)
+    for name in graph.inputs:
+        slots.setdefault(name, len(template))
+        template.append(None)
+    release_after = _packed_release_points(graph, order, kernels)  # type: ignore[arg-type]
+    released: list[str] = []
+    specs: list[StepSpec] = []
+    for i, (node, kern) in enumerate(zip(order, kernels)):
+        for out in node.outputs:
+            if out:
+                slots[out] = len(template)
+                template.append(None)
+        assert kern is not None
+        specs.append(_bind_node(graph, slots, node, kern))
+        for name in release_after.get(i, ()):
+            # every reader has packed its copy: drop the original now, so build never holds both in full
+            value = graph.initializers.pop(name)
+            graph.types[name] = TensorType(value.dtype, value.shape)
+            template[slots[name]] = None
+            released.append(name)
+    return Program(graph, registry, slots, template, specs, order, _liveness(graph, slots, order), released,
+                   list(registry.observers))
+
+
+def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel) -> StepSpec:
+    inputs = list(node.inputs)
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    ins = tuple(slots[n] if n else 0 for n in inputs)
+    outs = tuple(slots[n] if n else 0 for n in node.outputs)
+    try:
+        fn = _prepare(kern, node, graph)
+    except MinferError:
+        raise
+    except Exception as exc:
+        raise KernelError(f"{node.label}: kernel {kern.op_type}-{kern.since} from {kern.plugin} failed to prepare: {exc}") from exc
+    return StepSpec(kern, fn, ins, outs)
+
+
+def _liveness(graph: Graph, slots: dict[str, int], order: list[Node]) -> list[tuple[int, ...]]:
+    """Per step, the slots whose value nothing reads afterwards (dropped to bound memory)."""
+    keep = {slots[n] for n in graph.outputs} | {0}
+    keep |= {slots[n] for n in graph.initializers}
+    last: dict[int, int] = {}
+    for i, node in enumerate(order):
+        for name in list(node.inputs) + list(node.outputs):
+            if name:
+                last[slots[name]] = i
+    for name in graph.inputs:
+        last.setdefault(slots[name], -1)
+    free: list[list[int]] = [[] for _ in order]
+    for slot, i in last.items():
+        if slot not in keep and i >= 0:
+            free[i].append(slot)
+    return [tuple(f) for f in free]
+
+
+def alias_sources(program: Program) -> dict[int, tuple[int, ...]]:
+    """Per graph-output slot, the feed and initializer slots its value may be a view of.
+
+    Follows every kernel that may return views (``views`` not False) back
+    from the outputs, so the engine checks only the few outputs that can
+    alias memory the caller or the model owns.
+    """
+    graph, slots = program.graph, program.slots
+    reach: dict[str, frozenset[str]] = {n: frozenset([n]) for n in list(graph.inputs) + list(graph.initializers)}
+    for node, spec in zip(program.step_nodes, program.specs):
+        if spec.kernel.views is False:
+            continue
+        sources = frozenset().union(*(reach.get(i, frozenset()) for i in node.inputs if i))
+        if sources:
+            reach.update((o, sources) for o in node.outputs if o)
+    return {slots[o]: tuple(slots[s] for s in sorted(reach[o])) for o in graph.outputs if o in reach}
+
+
+def _packed_release_points(graph: Graph, order: Sequence[Node], kernels: Sequence[Kernel]) -> dict[int, list[str]]:
+    """Initializers every reader declared ``packed``, keyed by the step after whose preparation they can go."""
+    last: dict[str, int] = {}
+    packed_everywhere: dict[str, bool] = {}
+    for i, (node, kern) in enumerate(zip(order, kernels)):
+        for n, name in enumerate(node.inputs):
+            if name in graph.initializers:
+                last[name] = i
+                ok = kern.prepare and n in kern.packed
+                packed_everywhere[name] = packed_everywhere.get(name, True) and ok
+    outputs = set(graph.outputs)
+    points: dict[int, list[str]] = {}
+    for name, i in last.items():
+        if packed_everywhere[name] and name not in outputs:
+            points.setdefault(i, []).append(name)
+    return points
+
+
+def opset(graph: Graph, node: Node) -> int:
+    """The opset the model imports for the node's domain."""
+    return graph.opsets.get(node.domain, 1)
+
+
+def _prepare(kern: Kernel, node: Node, graph: Graph) -> Callable[..., Any]:
+    attrs_ = _check_attributes(kern, node)
+    if kern.prepare:
+        ctx = KernelContext(
+            node_name=node.name,
+            op_type=node.op_type,
+            opset=opset(graph, node),
+            input_types=tuple(graph.type_of(n) if n else None for n in node.inputs),
+            output_types=tuple(graph.type_of(n) if n else None for n in node.outputs),
+            constants=tuple(graph.initializers.get(n) if n else None for n in node.inputs),
+            num_outputs=len(node.outputs),
+        )
+        return kern.fn(ctx, **attrs_)
+    return functools.partial(kern.fn, **attrs_) if attrs_ else kern.fn
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
+    params = inspect.signature(fn).parameters.values()
+    accepted = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    required = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty)
+    return accepted, required, any(p.kind is p.VAR_KEYWORD for p in params)
+
+
+def _check_attributes(kern: Kernel, node: Node) -> dict[str, Any]:
+    accepted, required, var_kw = _signature(kern.fn)
+    unknown = [a for a in node.attrs if a not in accepted]
+    if unknown and not var_kw:
+        raise KernelError(
+            f"{node.label} has attribute(s) {unknown} that kernel {kern.op_type}-{kern.since} from "
+            f"{kern.plugin} does not accept (it accepts {sorted(accepted)})"
+        )
+    absent = sorted(required - set(node.attrs))
+    if absent:
+        raise KernelError(f"{node.label} lacks required attribute(s) {absent}")
+    return dict(node.attrs)
+
+
+def _missing_message(graph: Graph, missing: list[Node], reg: Registry) -> str:
+    by_op: dict[tuple[str, str], list[Node]] = {}
+    for node in missing:
+        by_op.setdefault((node.domain, node.op_type), []).append(node)
+    lines = [f"{len(missing)} node(s) use operators no installed plugin implements:"]
+    for (domain, op_type), nodes in sorted(by_op.items()):
+        where = f"domain {domain!r}" if domain else "the default domain"
+        names = ", ".join(repr(n.name or "<unnamed>") for n in nodes[:5]) + (" ..." if len(nodes) > 5 else "")
+        hint = provider_hint(domain, op_type)
+        fix = f"install {hint}" if hint else "install a plugin that provides it, or write one (README: Writing a plugin)"
+        have = sorted(k.since for k in reg.kernels.get((domain, op_type), []))
+        extra = f"; kernels exist only for opset >= {have[0]}" if have else ""
+        lines.append(
+            f"  {op_type} ({where}, opset {graph.opsets.get(domain, '?')}) at {len(nodes)} node(s): {names} -> {fix}{extra}"
+        )
+    return "\n".join(lines)
