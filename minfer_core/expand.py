@@ -2,8 +2,9 @@
 
 Bodies come from the model's local functions or from ``onnx.defs`` (plain or
 context-dependent bodies, which need the node's input types). Expansion
-repeats, so a body may use ops that are themselves functions. A kernel, when
-one exists, always wins over expansion.
+continues into the inlined nodes, so a body may use ops that are themselves
+functions, nested to any depth; a function that calls itself is refused as
+recursion. A kernel, when one exists, always wins over expansion.
 """
 
 from __future__ import annotations
@@ -13,29 +14,42 @@ from typing import Any
 import onnx
 from onnx import helper
 
+from .errors import InvalidGraphError
 from .graph import Graph, Node
 from .onnx_io import _export_node, _import_node, elem_type_of
 from .plugins import Registry
 
-MAX_ROUNDS = 8
-
-
 def expand_functions(graph: Graph, registry: Registry, provider: str) -> int:
-    """Inline function bodies for kernel-less nodes (subgraphs too); returns how many nodes expanded."""
+    """Inline function bodies for kernel-less nodes, to any depth (subgraphs too); returns how many expanded.
+
+    Each inlined node remembers the chain of functions it came from; a node
+    whose function is already on its own chain is a recursive function,
+    refused as such (an InvalidGraphError naming the chain). A context-
+    dependent body needs its inputs' types: a node whose types are not yet
+    known is left for the next call, after inference (see `build.build_graph`).
+    """
     total = 0
-    for _ in range(MAX_ROUNDS):
-        expanded = 0
-        for node in list(graph.nodes):
-            opset = graph.opsets.get(node.domain, 1)
-            if registry.select_kernel(node.domain, node.op_type, opset, provider) is not None:
-                continue
-            body = function_body(graph, node)
-            if body is not None:
-                inline(graph, node, body)
-                expanded += 1
-        total += expanded
-        if not expanded:
-            break
+    chains: dict[int, tuple[str, ...]] = {}
+    pending = list(graph.nodes)
+    while pending:
+        node = pending.pop()
+        opset = graph.opsets.get(node.domain, 1)
+        if registry.select_kernel(node.domain, node.op_type, opset, provider) is not None:
+            continue
+        body = function_body(graph, node)
+        if body is None:
+            continue
+        key = f"{node.domain}::{node.op_type}" if node.domain else node.op_type
+        chain = chains.pop(id(node), ())
+        if key in chain:
+            raise InvalidGraphError(
+                f"{node.label}: function {key} calls itself ({' -> '.join(chain[chain.index(key):] + (key,))}); "
+                "a recursive function cannot be inlined, and ONNX functions may not recurse"
+            )
+        added = inline(graph, node, body)
+        chains.update((id(n), chain + (key,)) for n in added)
+        pending.extend(added)
+        total += 1
     for sub in graph.subgraphs():
         total += expand_functions(sub, registry, provider)
     return total
@@ -74,8 +88,8 @@ def _contextual_body(graph: Graph, node: Node, schema: Any, version: int) -> onn
     return onnx.FunctionProto.FromString(raw) if raw else None
 
 
-def inline(graph: Graph, node: Node, body: onnx.FunctionProto) -> None:
-    """Replace ``node`` by the nodes of ``body``, renaming the body's values apart."""
+def inline(graph: Graph, node: Node, body: onnx.FunctionProto) -> list[Node]:
+    """Replace ``node`` by the nodes of ``body``, renaming the body's values apart; returns the new nodes."""
     rename: dict[str, str] = {"": ""}
     for formal, actual in zip(body.input, node.inputs):
         rename[formal] = actual
@@ -87,14 +101,16 @@ def inline(graph: Graph, node: Node, body: onnx.FunctionProto) -> None:
     prefix = f"{node.name or node.op_type}/"
     index = graph.nodes.index(node)
     graph.remove_node(node)
+    added = []
     for inner in body.node:
         for out in inner.output:
             if out not in rename:
                 rename[out] = graph.unique_name(prefix + out)
         new = _instantiate(inner, rename, attrs, graph)
         new.name = graph.unique_name(prefix + (inner.name or inner.op_type))
-        graph.add_node(new, index)
+        added.append(graph.add_node(new, index))
         index += 1
+    return added
 
 
 def _attribute_values(graph: Graph, node: Node, body: onnx.FunctionProto) -> dict[str, onnx.AttributeProto]:

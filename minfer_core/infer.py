@@ -9,25 +9,42 @@ resolves. Symbolic dims stay symbolic; what cannot be inferred stays unknown
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .errors import ShapeInferenceError
 from .graph import Graph, Node
+from .kernel import OpDef
 from .onnx_io import _export_node, elem_type_of, type_from_proto
 from .plugins import Registry
 from .tensor import TensorType
 
 
-def infer_types(graph: Graph, registry: Registry) -> dict[str, str]:
-    """Annotate ``graph.types`` for every node output; returns {node label: reason} where inference failed."""
+def infer_types(graph: Graph, registry: Registry, *, strict: bool = False) -> dict[str, str]:
+    """Annotate ``graph.types`` for every node output; returns {node label: reason} where inference failed.
+
+    With ``strict`` a node whose inputs contradict its op schema (onnx's
+    inference refuses it) is a ShapeInferenceError naming the node, and so is
+    a plugin's ``infer=`` that raises (naming the op and the plugin).
+    Otherwise, and for anything else that stops inference, the failure is
+    recorded: the run then computes the real shapes.
+    """
     known = dict(graph.initializers)
     failures: dict[str, str] = {}
     for node in graph.topological_order():
         try:
             types = _infer_node(graph, node, registry, known, graph.type_of)
+        except (ShapeInferenceError, onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as exc:
+            if strict and isinstance(exc, ShapeInferenceError):
+                raise
+            if strict:
+                raise ShapeInferenceError(f"{node.label} (opset {graph.opsets.get(node.domain, '?')}): {exc}") from exc
+            failures[node.label] = f"{type(exc).__name__}: {exc}"
+            continue
         except Exception as exc:  # inference is advisory: the run still computes real shapes
             failures[node.label] = f"{type(exc).__name__}: {exc}"
             continue
@@ -106,18 +123,51 @@ def _infer_node(
     in_types = [type_of(n) if n else None for n in node.inputs]
     opdef = registry.op_def(node.domain, node.op_type)
     if opdef is not None and opdef.infer is not None:
-        return list(opdef.infer(*in_types, **node.attrs))
+        return _custom_infer(node, opdef, in_types)
     opset = graph.opsets.get(node.domain)
     if opset is None or not onnx.defs.has(node.op_type, node.domain):
         return [None] * len(node.outputs)
     schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
     proto = _export_node(node, graph.opsets)
     types = {n: _type_proto(t) for n, t in zip(node.inputs, in_types) if n and t is not None}
-    data = {n: numpy_helper.from_array(known[n], n) for n in node.inputs if n in known and known[n].size <= 1024}
-    out = onnx.shape_inference.infer_node_outputs(
-        schema, proto, types, data, opset_imports=[helper.make_opsetid(d, v) for d, v in graph.opsets.items()]
-    )
+    data = {n: _small_proto(known[n], n) for n in node.inputs if n in known and known[n].size <= 1024}
+    out = onnx.shape_inference.infer_node_outputs(schema, proto, types, data, opset_imports=_opset_ids(graph.opsets))
     return [type_from_proto(out[n]) if n in out else None for n in node.outputs]
+
+
+_PROTOS: dict[tuple[int, str], tuple[np.ndarray, onnx.TensorProto]] = {}
+
+
+def _small_proto(value: np.ndarray, name: str) -> onnx.TensorProto:
+    """``value`` as a TensorProto, converted once per array (a constant feeds every node that reads it)."""
+    key = (id(value), name)
+    hit = _PROTOS.get(key)
+    if hit is None or hit[0] is not value:  # the array is kept in the entry, so its id is not reused meanwhile
+        if len(_PROTOS) >= 256:  # small arrays only (<= 1024 elements): at most ~2 MB held
+            _PROTOS.clear()
+        hit = _PROTOS[key] = (value, numpy_helper.from_array(value, name))
+    return hit[1]
+
+
+def _opset_ids(opsets: dict[str, int]) -> list[onnx.OperatorSetIdProto]:
+    return _opset_ids_of(tuple(sorted(opsets.items())))
+
+
+@functools.lru_cache(maxsize=64)
+def _opset_ids_of(opsets: tuple[tuple[str, int], ...]) -> list[onnx.OperatorSetIdProto]:
+    return [helper.make_opsetid(d, v) for d, v in opsets]
+
+
+def _custom_infer(node: Node, opdef: OpDef, in_types: list[TensorType | None]) -> list[TensorType | None]:
+    """A plugin's ``infer=``: what it raises is the plugin's bug or the node's fault, named either way."""
+    assert opdef.infer is not None
+    try:
+        return list(opdef.infer(*in_types, **node.attrs))
+    except Exception as exc:
+        raise ShapeInferenceError(
+            f"{node.label}: the infer= of op {opdef.op_type} from plugin {opdef.plugin!r} raised "
+            f"{type(exc).__name__}: {exc} (input types {[str(t) if t else None for t in in_types]})"
+        ) from exc
 
 
 def _type_proto(t: TensorType) -> onnx.TypeProto:

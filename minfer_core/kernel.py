@@ -29,12 +29,16 @@ ignores them, so when no other node reads such an initializer the engine
 frees it and passes None there (weights are then held once, not twice).
 
 The decorators only annotate: they return frozen records and register
-nothing; a plugin hands the records to ``register`` in its hook.
+nothing. ``@kernel`` (or ``kernel(...)(fn)`` in a factory) is the one way to
+declare a kernel; a plugin hands ``register`` the records, or simply the
+modules that hold them (`kernels_in` finds every record a module defines, so
+no hand-kept list can forget one).
 """
 
 from __future__ import annotations
 
 import inspect
+from types import ModuleType
 from typing import Any, Callable, Iterable, Sequence
 
 import attrs
@@ -122,6 +126,21 @@ def kernel(
         )
 
     return wrap
+
+
+def kernels_in(*modules: ModuleType) -> list[Kernel]:
+    """Every `Kernel` record the modules hold at top level, directly or in lists and tuples, each once.
+
+    Records are taken in definition order and deduplicated by identity, so a
+    record a module imports from a sibling module counts once.
+    """
+    found: dict[int, Kernel] = {}
+    for module in modules:
+        for value in list(vars(module).values()):
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, Kernel):
+                    found.setdefault(id(item), item)
+    return list(found.values())
 
 
 @attrs.frozen(eq=False)

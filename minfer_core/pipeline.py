@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import heapq
 import time
+import warnings
 from typing import Iterable, Sequence, Union
 
-from .errors import InvalidGraphError, PassError
+from .errors import InvalidGraphError, PassError, PassWarning
 from .graph import Graph
 from .passes import LEVELS, Pass, PassResult
-from .plugins import Registry
+from .plugins import Registry, strict_plugins
 
 PassSelection = Union[str, Sequence[str], None]
 MAX_ROUNDS = 8
@@ -38,7 +39,20 @@ def select_passes(registry: Registry, passes: PassSelection, disabled: Iterable[
     _check_names(disabled, installed, "disabled_passes")
     chosen = _chosen(registry, passes, installed)
     chosen = [p for p in chosen if p.name not in disabled]
-    return order_passes(_with_requirements(chosen, installed, disabled))
+    selected = _with_requirements(chosen, installed, disabled)
+    _check_ordering_names(selected, installed)
+    return order_passes(selected)
+
+
+def _check_ordering_names(passes: Sequence[Pass], installed: dict[str, Pass]) -> None:
+    """A name in ``after``/``before`` that no installed pass has is a misspelling, not an optional hint."""
+    for p in passes:
+        unknown = sorted({n for n in (*p.after, *p.before) if n not in installed})
+        if unknown:
+            raise PassError(
+                f"pass {p.name!r} (from {p.plugin}) orders itself against unknown pass(es) {unknown} in after/before; "
+                f"installed passes are {sorted(installed)}"
+            )
 
 
 def _chosen(registry: Registry, passes: PassSelection, installed: dict[str, Pass]) -> list[Pass]:
@@ -142,19 +156,52 @@ def optimize(
     return run_passes(graph, select_passes(registry, passes, disabled), max_rounds=max_rounds, validate=validate)
 
 
-def run_passes(graph: Graph, passes: Sequence[Pass], *, max_rounds: int = MAX_ROUNDS, validate: bool = True) -> list[PassResult]:
-    """Run already-ordered ``passes`` to a fixed point (at most ``max_rounds`` sweeps)."""
+def run_passes(
+    graph: Graph, passes: Sequence[Pass], *, max_rounds: int = MAX_ROUNDS, validate: bool = True,
+    rollback: bool | None = None,
+) -> list[PassResult]:
+    """Run already-ordered ``passes`` to a fixed point (at most ``max_rounds`` sweeps).
+
+    A pass that raises, leaves an invalid graph or changes its interface is
+    a PassError. With ``rollback`` (the default unless ``MINFER_STRICT_PLUGINS=1``)
+    its changes are undone, a `PassWarning` names it, and the other passes go
+    on without it: the model still runs, only less optimized.
+    """
+    rollback = not strict_plugins() if rollback is None else rollback
     results: list[PassResult] = []
+    failed: set[str] = set()
+    snapshot: Graph | None = None  # the graph before the current pass; kept while passes change nothing
     for round_ in range(1, max_rounds + 1):
         changed_any = False
         for p in passes:
-            result = apply_pass(graph, p, round_=round_, validate=validate)
+            if p.name in failed:
+                continue
+            if rollback and snapshot is None:
+                snapshot = graph.copy()
+            try:
+                result = apply_pass(graph, p, round_=round_, validate=validate)
+            except PassError as exc:
+                if not rollback or snapshot is None:
+                    raise
+                _restore(graph, snapshot)
+                snapshot = None
+                failed.add(p.name)
+                warnings.warn(f"{exc}; its changes were rolled back and the build went on without it "
+                              f"(MINFER_STRICT_PLUGINS=1 makes this an error)", PassWarning, stacklevel=2)
+                continue
             if result.changed:
                 results.append(result)
                 changed_any = True
+                snapshot = None
         if not changed_any:
             break
     return results
+
+
+def _restore(graph: Graph, snapshot: Graph) -> None:
+    """Make ``graph`` (the object the caller holds) the ``snapshot`` taken before a failed pass."""
+    vars(graph).clear()
+    vars(graph).update(vars(snapshot))
 
 
 def apply_pass(graph: Graph, p: Pass, *, round_: int = 1, validate: bool = True) -> PassResult:

@@ -4,26 +4,33 @@ Each entry point is loaded inside its own ``try``: a plugin that fails to
 import is reported by name and the others still load, unless
 ``MINFER_STRICT_PLUGINS=1`` (for CI) turns any failure into an error.
 ``MINFER_PLUGINS=a,b`` is an allow-list of plugin names to load.
+
+A plugin contributes atomically: its hooks register into a staging area that
+joins the Registry only when every hook of the plugin succeeded. A failure in
+its import or any hook (``SystemExit`` included) leaves it contributing
+nothing, recorded with the hook, file and line (`PluginInfo.error`), and every
+session built while it is broken warns (`check_plugins`).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from contextlib import contextmanager
 from contextvars import ContextVar
-from importlib import metadata, resources
-from typing import Any, Callable, Iterable, Iterator
+from importlib import metadata
+from types import ModuleType
+from typing import Any, Iterable, Iterator
 
 import attrs
 import pluggy
 
 from . import hookspecs
 from .errors import AmbiguousKernelError, PluginLoadError, RegistrationError
-from .kernel import DEFAULT_PROVIDER, Kernel, OpDef
+from .kernel import DEFAULT_PROVIDER, Kernel, OpDef, kernels_in
+# re-exported (``X as X``): the build, the pipeline and the CLI reach them here
+from .plugin_failures import STRICT_ENV as STRICT_ENV, Failure, strict_plugins, warn_or_raise, where
+from .provides import ENTRY_POINT_GROUP, provider_hint as provider_hint
 
-ENTRY_POINT_GROUP = "minfer.plugins"
-STRICT_ENV = "MINFER_STRICT_PLUGINS"
 ALLOW_ENV = "MINFER_PLUGINS"
 PREFER_ENV = "MINFER_PREFER"
 
@@ -39,6 +46,9 @@ class PluginInfo:
     ops: tuple[str, ...] = ()
     kernels: tuple[str, ...] = ()
     passes: tuple[str, ...] = ()
+    executors: tuple[str, ...] = ()
+    hook: str | None = None  # where it failed: "import" or a hook name
+    where: str | None = None  # "file:line" of the plugin code that failed
 
     def as_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)
@@ -57,6 +67,7 @@ class Registry:
         self.kernels: dict[tuple[str, str], list[Kernel]] = {}
         self.passes: list[Any] = []
         self.observers: list[Any] = []
+        self.executors: list[Any] = []  # Executor records (register_executors)
         self.plugins: dict[str, PluginInfo] = {}
         self.preferences: dict[str, str] = _env_preferences()
 
@@ -72,18 +83,20 @@ class Registry:
         return self._decide(claims, domain, op_type, what="op") if claims else None
 
     def select_kernel(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER) -> Kernel | None:
-        """The kernel for ``op_type`` at ``opset``: per plugin the newest ``since`` <= opset, then priority."""
-        per_plugin: dict[str | None, Kernel] = {}
-        for k in self.kernels.get((domain, op_type), []):
-            if k.provider != provider or k.since > opset:
-                continue
-            best = per_plugin.get(k.plugin)
-            if best is None or (k.since, k.priority) > (best.since, best.priority):
-                per_plugin[k.plugin] = k
-        if not per_plugin:
+        """The kernel for ``op_type`` at ``opset``: the newest ``since`` <= opset, then the highest priority.
+
+        The version comes first: a kernel written for an older version of an
+        op whose semantics changed since (Softmax-1 vs 13) never runs a newer
+        model, whatever its priority. Equal priority from two plugins is an
+        AmbiguousKernelError unless a preference decides.
+        """
+        fitting = [k for k in self.kernels.get((domain, op_type), []) if k.provider == provider and k.since <= opset]
+        if not fitting:
             return None
-        top = max(k.priority for k in per_plugin.values())
-        return self._decide([k for k in per_plugin.values() if k.priority == top], domain, op_type, what="kernel")
+        newest = max(k.since for k in fitting)
+        fitting = [k for k in fitting if k.since == newest]
+        top = max(k.priority for k in fitting)
+        return self._decide([k for k in fitting if k.priority == top], domain, op_type, what="kernel")
 
     def _decide(self, candidates: list[Any], domain: str, op_type: str, what: str) -> Any:
         plugins = sorted({str(c.plugin) for c in candidates})
@@ -94,9 +107,11 @@ class Registry:
             if c.plugin == wanted:
                 return c
         key = _pref_key(domain, op_type)
+        how = "claim" if what == "op" else f"provide the kernel (since {candidates[0].since}) at equal priority for"
         raise AmbiguousKernelError(
-            f"{len(plugins)} plugins provide the {what} {key} at equal priority: {', '.join(plugins)}. "
-            f"Choose one with {PREFER_ENV}='{key}={plugins[0]}' or registry.prefer({op_type!r}, {plugins[0]!r})"
+            f"{len(plugins)} plugins {how} the op {key}: {', '.join(plugins)}. "
+            f"Choose one with {PREFER_ENV}='{key}={plugins[0]}' or registry.prefer({op_type!r}, {plugins[0]!r}"
+            + (f", domain={domain!r})" if domain else ")")
         )
 
     def conflicts(self) -> list[str]:
@@ -121,28 +136,46 @@ class Registry:
 
     def add(self, plugin: str, hook: str, items: Iterable[Any]) -> list[str]:
         """Check and store records a plugin handed to ``register``; returns their labels."""
-        labels = []
-        for item in _flatten(items):
-            if hook == "register_ops":
-                rec = _expect(item, OpDef, plugin, hook)
-                rec = attrs.evolve(rec, plugin=plugin)
-                self.ops.setdefault(rec.key, []).append(rec)
-                labels.append(_pref_key(rec.domain, rec.op_type))
-            elif hook == "register_kernels":
-                rec = _expect(item, Kernel, plugin, hook)
-                rec = attrs.evolve(rec, plugin=plugin)
-                self.kernels.setdefault((rec.domain, rec.op_type), []).append(rec)
-                labels.append(f"{_pref_key(rec.domain, rec.op_type)}-{rec.since}")
-            elif hook == "register_passes":
-                from .passes import Pass
+        records = checked(plugin, hook, items)
+        self.store(hook, records)
+        return [_label(r) for r in records]
 
-                rec = attrs.evolve(_expect(item, Pass, plugin, hook), plugin=plugin)
+    def store(self, hook: str, records: Iterable[Any]) -> None:
+        """Store records already checked by `checked` (the plugin's name stamped on them)."""
+        for rec in records:
+            if hook == "register_ops":
+                self.ops.setdefault(rec.key, []).append(rec)
+            elif hook == "register_kernels":
+                self.kernels.setdefault((rec.domain, rec.op_type), []).append(rec)
+            elif hook == "register_passes":
                 self.passes.append(rec)
-                labels.append(rec.name)
+            elif hook == "register_executors":
+                self.executors.append(rec)
             else:
-                self.observers.append(item)
-                labels.append(type(item).__name__)
-        return labels
+                self.observers.append(rec)
+
+
+def checked(plugin: str, hook: str, items: Iterable[Any]) -> list[Any]:
+    """The records ``plugin`` handed to ``hook``'s register, checked and stamped with the plugin's name.
+
+    A module stands for every kernel record it holds (see `kernels_in`).
+    """
+    from .executor import Executor
+    from .passes import Pass
+
+    expected = {"register_ops": OpDef, "register_kernels": Kernel, "register_passes": Pass,
+                "register_executors": Executor}.get(hook)
+    if expected is None:
+        return list(_flatten(items))  # observers: any object
+    return [attrs.evolve(_expect(item, expected, plugin, hook), plugin=plugin) for item in _flatten(items)]
+
+
+def _label(rec: Any) -> str:
+    if isinstance(rec, OpDef):
+        return _pref_key(rec.domain, rec.op_type)
+    if isinstance(rec, Kernel):
+        return f"{_pref_key(rec.domain, rec.op_type)}-{rec.since}"
+    return str(getattr(rec, "name", None) or type(rec).__name__)
 
 
 def _pref_key(domain: str, op_type: str) -> str:
@@ -161,6 +194,8 @@ def _flatten(items: Iterable[Any]) -> Iterable[Any]:
     for item in items:
         if isinstance(item, (list, tuple)):
             yield from _flatten(item)
+        elif isinstance(item, ModuleType):
+            yield from kernels_in(item)
         else:
             yield item
 
@@ -195,9 +230,14 @@ class PluginSet:
                 continue
             self.dists[name] = (dist.name if dist else None, dist.version if dist else None)
             try:
-                self.register(ep.load(), name)
-            except Exception as exc:  # a broken plugin must not take the others down
-                self._fail(name, exc)
+                plugin = ep.load()
+            except (Exception, SystemExit) as exc:  # a broken plugin (even one calling sys.exit) must not take the others down
+                self._fail(name, "import", exc)
+                continue
+            try:
+                self.register(plugin, name)
+            except PluginLoadError as exc:
+                self._fail(name, "import", exc)
 
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register a plugin object (module or instance); ``check_pending`` validates it."""
@@ -217,11 +257,11 @@ class PluginSet:
         self.failures.pop(name, None)
         self._registry = None
 
-    def _fail(self, name: str, exc: BaseException) -> None:
-        self.failures[name] = f"{type(exc).__name__}: {exc}"
+    def _fail(self, name: str, hook: str, exc: BaseException) -> None:
+        self.failures[name] = Failure(hook, where(exc), f"{type(exc).__name__}: {exc}")
         self._registry = None
-        if os.environ.get(STRICT_ENV, "") not in ("", "0"):
-            raise PluginLoadError(f"plugin {name!r} failed to load: {self.failures[name]}") from exc
+        if strict_plugins():
+            raise PluginLoadError(self.failures[name].describe(name)) from exc
 
     @property
     def registry(self) -> Registry:
@@ -232,39 +272,45 @@ class PluginSet:
 
     def _build_registry(self) -> Registry:
         reg = Registry()
-        contributed: dict[str, dict[str, list[str]]] = {}
-        for hook in hookspecs.HOOK_NAMES:
-            for impl in getattr(self.pm.hook, hook).get_hookimpls():
-                name = self.pm.get_name(impl.plugin) or "?"
-                got = contributed.setdefault(name, {})
-                try:
-                    impl.function(register=_collector(reg, name, hook, got))
-                except Exception as exc:
-                    self._fail(name, exc)
-        for plugin_name, _plugin in self.pm.list_name_plugin():
-            got = contributed.get(plugin_name, {})
-            dist, version = self.dists.get(plugin_name, (None, None))
-            reg.plugins[plugin_name] = PluginInfo(
-                plugin_name,
-                dist,
-                version,
-                self.failures.get(plugin_name),
-                tuple(got.get("register_ops", ())),
-                tuple(got.get("register_kernels", ())),
-                tuple(got.get("register_passes", ())),
-            )
-        for name, error in self.failures.items():
-            if name not in reg.plugins:
-                dist, version = self.dists.get(name, (None, None))
-                reg.plugins[name] = PluginInfo(name, dist, version, error)
+        for name, plugin in self.pm.list_name_plugin():
+            staged = self._contributions(name, plugin) if name not in self.failures else None
+            if staged is not None:
+                for hook, records in staged.items():
+                    reg.store(hook, records)
+            got = {hook: [_label(r) for r in records] for hook, records in (staged or {}).items()}
+            reg.plugins[name] = self._info(name, got)
+        for name in self.failures:
+            reg.plugins.setdefault(name, self._info(name, {}))
         return reg
 
+    def _contributions(self, name: str, plugin: object) -> dict[str, list[Any]] | None:
+        """Every record ``plugin``'s hooks register, or None when one of them failed (then it contributes nothing)."""
+        staged: dict[str, list[Any]] = {}
+        for hook in hookspecs.HOOK_NAMES:
+            for impl in getattr(self.pm.hook, hook).get_hookimpls():
+                if impl.plugin is not plugin:
+                    continue
+                try:
+                    impl.function(register=lambda *items, h=hook: staged.setdefault(h, []).extend(checked(name, h, items)))
+                except (Exception, SystemExit) as exc:
+                    self._fail(name, hook, exc)
+                    return None
+        return staged
 
-def _collector(reg: Registry, plugin: str, hook: str, got: dict[str, list[str]]) -> Callable[..., None]:
-    def register(*items: Any) -> None:
-        got.setdefault(hook, []).extend(reg.add(plugin, hook, items))
+    def _info(self, name: str, got: dict[str, list[str]]) -> PluginInfo:
+        dist, version = self.dists.get(name, (None, None))
+        failure = self.failures.get(name)
+        return PluginInfo(
+            name, dist, version, failure.describe(name) if failure else None,
+            tuple(got.get("register_ops", ())), tuple(got.get("register_kernels", ())),
+            tuple(got.get("register_passes", ())), tuple(got.get("register_executors", ())),
+            hook=failure.hook if failure else None, where=failure.where if failure else None,
+        )
 
-    return register
+
+def check_plugins(registry: Registry) -> None:
+    """Warn about every plugin that failed (raise under ``MINFER_STRICT_PLUGINS=1``): called when a session is built."""
+    warn_or_raise([info.error for info in registry.plugins.values() if info.error])
 
 
 _CURRENT: PluginSet | None = None
@@ -330,12 +376,3 @@ def _unique_name(plugin: object) -> str:
         n += 1
         name = f"{base}#{n}"
     return name
-
-
-def provider_hint(domain: str, op_type: str) -> str | None:
-    """The distribution known to provide an op, for "what to install" messages."""
-    known = json.loads(resources.files("minfer_core").joinpath("known_ops.json").read_text())
-    for dist, ops in known.items():
-        if _pref_key(domain, op_type) in ops:
-            return dist
-    return None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -104,15 +103,25 @@ def test_core_alone_names_missing_ops_and_the_package_to_install(tmp_path):
     assert "Add" in out
 
 
-def test_known_ops_hints_match_the_installed_plugins():
-    """known_ops.json lists exactly what the first-party plugins register (scripts/update_known_ops.py)."""
+def test_each_first_party_plugin_declares_what_it_registers():
+    """Each first-party plugin's minfer_provides.json lists exactly the ops it registers (scripts/update_known_ops.py)."""
     sys.path.insert(0, str(Path(__file__).parents[2] / "scripts"))
-    from update_known_ops import known_ops
+    from update_known_ops import provides_paths, registered_ops
 
+    from minfer_core.provides import declared_ops
+
+    registered = registered_ops()
+    assert set(registered) == {"minfer-ops-basic", "minfer-ops-conv", "minfer-passes"}
+    for dist, ops in registered.items():
+        assert sorted(declared_ops()[dist]) == ops, f"run scripts/update_known_ops.py ({provides_paths()[dist]} is stale)"
+
+
+def test_the_core_keeps_no_list_of_first_party_ops():
+    """Adding an op to a plugin edits no core file: the core ships no op list of its own."""
     import minfer_core
 
-    shipped = json.loads((Path(minfer_core.__file__).parent / "known_ops.json").read_text())
-    assert shipped == known_ops()
+    core = Path(minfer_core.__file__).parent
+    assert not list(core.glob("*.json")), "op lists belong in the plugins' minfer_provides.json"
 
 
 def test_outputs_never_alias_the_callers_feeds_or_the_weights():

@@ -84,7 +84,9 @@ def custom_model():
     return make_model([node], [tensor("x", [3])], [tensor("y", [3])], extra_opsets=[helper.make_opsetid("test.conflict", 1)])
 
 
-def provider(name, factor, priority=0):
+def provider(name, factor, priority=0, claim=True):
+    """A plugin with a Triple kernel; ``claim``: it also declares the op (only one plugin may, unless preferred)."""
+
     @kernel("Triple", domain="test.conflict", priority=priority)
     def triple(x):
         """Triple-1: factor * x."""
@@ -95,7 +97,8 @@ def provider(name, factor, priority=0):
 
         @hookimpl
         def register_ops(self, register):
-            register(op("Triple", domain="test.conflict"))
+            if claim:
+                register(op("Triple", domain="test.conflict"))
 
         @hookimpl
         def register_kernels(self, register):
@@ -107,7 +110,7 @@ def provider(name, factor, priority=0):
 def test_equal_priority_kernels_are_ambiguous_until_preferred():
     """Two plugins' kernels at equal priority raise, naming both and the fix; a preference decides."""
     x = np.ones(3, np.float32)
-    with use_plugins(provider("one", 3), provider("two", 30)):
+    with use_plugins(provider("one", 3), provider("two", 30, claim=False)):
         with pytest.raises(AmbiguousKernelError, match=r"one.*two.*MINFER_PREFER"):
             InferenceSession(custom_model())
         from minfer_core import get_registry
@@ -119,7 +122,7 @@ def test_equal_priority_kernels_are_ambiguous_until_preferred():
 def test_higher_priority_kernel_overrides_on_purpose():
     """A kernel with higher priority from another plugin wins without ambiguity."""
     x = np.ones(3, np.float32)
-    with use_plugins(provider("base", 3), provider("fast", 3.0001, priority=10)):
+    with use_plugins(provider("base", 3), provider("fast", 3.0001, priority=10, claim=False)):
         got = InferenceSession(custom_model()).run(None, {"x": x})[0]
     assert got[0] == np.float32(3.0001)
 

@@ -86,7 +86,8 @@ def test_bn_with_a_computed_parameter_is_left_alone(computed):
 
 
 def test_training_mode_and_int_inputs_are_left_alone():
-    assert not _fuse(_graph(training_mode=1, opset=15))[0]
+    # a training-mode BN with one output is an invalid model (the strict build and onnxruntime refuse it): pass only
+    assert not affine.channel_affine_fusion(_graph(training_mode=1, opset=15))
     b = GraphBuilder()
     x = b.input((1, 2, 3, 3))
     y = b.op("BatchNormalization", x, *[b.const(p) for p in _bn_params(2)])

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-from minfer_core import hookimpl, onnx_op
+from minfer_core import hookimpl, kernels_in, onnx_op
 
 from . import conv, conv_transpose, deform, norm, pool, resize, roi, spatial
 
 MODULES = (conv, conv_transpose, deform, pool, norm, resize, roi, spatial)
-KERNELS = [k for module in MODULES for k in module.KERNELS]
+KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
 @hookimpl
 def register_ops(register):
+    # the ops claimed are those this plugin has kernels for (minfer_provides.json declares the same list)
     register(onnx_op(*sorted({k.op_type for k in KERNELS})))
 
 
 @hookimpl
 def register_kernels(register):
-    register(KERNELS)
+    register(*MODULES)  # every @kernel record the modules define
