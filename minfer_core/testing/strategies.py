@@ -8,7 +8,9 @@
 - Building blocks for a pass's target strategy (`Pass.patterns`):
   `shapes`, `floats_array`, `expose` (random context around an intermediate
   value: an extra consumer, or making it a graph output, so the pass is
-  exercised where it must not fire too).
+  exercised where it must not fire too), `loosen` (declare an input's dims
+  symbolic, ``"N4"``, or unknown, None, as exported models do; the feeds keep
+  the drawn sizes).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from ..graph import Graph
+from ..tensor import TensorType
 from .builder import GraphBuilder
 
 # Two-input ops that do not broadcast elementwise (their shapes follow other rules).
@@ -176,6 +179,28 @@ def expose(draw: Any, b: GraphBuilder, value: str) -> str:
     return how
 
 
+def loosen(draw: Any, b: GraphBuilder, name: str, axes: Sequence[int] = (0,)) -> str:
+    """Sometimes declare graph input ``name``'s dims at ``axes`` symbolic or unknown; returns which was chosen.
+
+    "static" (half the time) leaves the declaration alone; "symbolic" names
+    each dim after its size (``"N4"``: inputs of one size share the symbol,
+    so their feeds stay consistent); "unknown" declares None, as an exporter
+    writes an unnamed dynamic dim. The drawn sizes go to
+    ``graph.meta["feed_shapes"]``, where `random_feeds` finds them. A pass
+    must not use a dim that is not a known size, and must keep outputs.
+    """
+    how = draw(st.sampled_from(["static", "static", "symbolic", "unknown"]))
+    t = b.graph.types[name]
+    if how == "static" or t.shape is None or not axes:
+        return "static"
+    dims = list(t.shape)
+    for axis in axes:
+        dims[axis] = f"N{dims[axis]}" if how == "symbolic" else None
+    b.graph.meta.setdefault("feed_shapes", {}).setdefault(name, tuple(t.shape))
+    b.graph.types[name] = TensorType(t.dtype, tuple(dims))
+    return how
+
+
 @st.composite
 def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any] = (np.float32, np.float64)) -> Graph:
     """A random valid graph built from the registered op schemas.
@@ -185,7 +210,8 @@ def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any]
     value or a broadcasting constant), any other registered float op whose
     inputs share one type (arity, attributes and the result's shape
     accepted by onnx's own inference for that schema: `inferred_shape`), or a
-    motif (Conv + BatchNormalization, pooling, transposes, identities).
+    motif (Conv + BatchNormalization, pooling, transposes, identities). The
+    inputs' declared dims are sometimes symbolic or unknown (`loosen`).
     """
     unary, binary = _registered(opset)
     general = _general_ops(opset, _kernel_ops(opset))
@@ -195,6 +221,9 @@ def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any]
     shapes_: dict[str, tuple[int, ...]] = {b.input(shape, dtype): shape}
     if draw(st.booleans()):
         shapes_[b.input(shape, dtype)] = shape
+    axes = draw(st.sampled_from([(0,), (0,), (2,), (0, 3)]))
+    for name in list(shapes_):
+        loosen(draw, b, name, axes)
     motifs = [m for m, needs in MOTIFS if has_kernels(*needs, opset=opset)]
     for _ in range(draw(st.integers(1, max_nodes))):
         src = draw(st.sampled_from(list(shapes_)))

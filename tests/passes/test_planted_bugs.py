@@ -76,12 +76,12 @@ def test_fusing_through_an_extra_consumer_is_caught():
     from minfer_passes import activation
 
     def careless(graph: Graph) -> bool:
-        original = activation.sole_consumer
-        activation.sole_consumer = lambda g, v: (g.consumers(v) or [None])[0]
+        original = Graph.sole_consumer
+        Graph.sole_consumer = lambda g, v: (g.consumers(v) or [None])[0]  # type: ignore[method-assign]
         try:
             return activation.activation_fusion(graph)
         finally:
-            activation.sole_consumer = original
+            Graph.sole_consumer = original  # type: ignore[method-assign]
 
     broken = attrs.evolve(_real("activation_fusion"), name="careless_fusion", fn=careless)
     with pytest.raises(PassCheckFailure, match="careless_fusion"):

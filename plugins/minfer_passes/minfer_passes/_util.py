@@ -1,8 +1,9 @@
 """Helpers the pass families share: pattern matching guards, constants, running a kernel.
 
 The guards encode the two lessons every fusion obeys: never fuse through a
-value that is a graph output or that another node also reads, and never
-create a node for which no kernel exists for its dtype.
+value that is a graph output or that another node also reads (the core's
+``Graph.sole_consumer``), and never create a node for which no kernel exists
+for its dtype. Graph rewrites themselves are the core's ``Graph`` methods.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ MINFER_DOMAIN = "ai.minfer"
 
 
 def opset(graph: Graph, domain: str = "") -> int:
+    """The opset the graph imports for ``domain`` (1 when it does not say)."""
     return graph.opsets.get(domain, 1)
 
 
@@ -27,23 +29,8 @@ def const(graph: Graph, name: str) -> np.ndarray | None:
     return graph.initializers.get(name) if name else None
 
 
-def sole_consumer(graph: Graph, value: str) -> Node | None:
-    """The one node reading ``value`` (once), if ``value`` is not a graph output; else None."""
-    if value in graph.outputs:
-        return None
-    readers = graph.consumers(value)
-    if len(readers) != 1 or list(readers[0].inputs).count(value) != 1:
-        return None
-    return readers[0]
-
-
 def is_op(node: Node | None, *op_types: str) -> bool:
     return node is not None and node.domain == "" and node.op_type in op_types
-
-
-def used(graph: Graph, value: str) -> bool:
-    """Whether anything reads ``value`` (a node or the graph's outputs)."""
-    return bool(value) and (value in graph.outputs or bool(graph.consumers(value)))
 
 
 def dtype_of(graph: Graph, value: str) -> np.dtype | None:
@@ -51,10 +38,37 @@ def dtype_of(graph: Graph, value: str) -> np.dtype | None:
     return None if t is None else t.dtype
 
 
-def shape_of(graph: Graph, value: str) -> tuple[int, ...] | None:
-    """The static shape of ``value``, or None when any dim is unknown."""
+def dims_of(graph: Graph, value: str) -> tuple[int | None, ...] | None:
+    """``value``'s shape with every dim that is not a known size as None; None when even the rank is unknown.
+
+    Symbolic dims (``"N"``) and negative sizes (some exporters write -1 for
+    "unknown" as a dim_value) are not sizes a pass may compute with.
+    """
     t = graph.type_of(value)
-    return tuple(t.shape) if t is not None and t.is_static else None  # type: ignore[arg-type]
+    if t is None or t.shape is None:
+        return None
+    return tuple(d if isinstance(d, int) and d >= 0 else None for d in t.shape)
+
+
+def shape_of(graph: Graph, value: str) -> tuple[int, ...] | None:
+    """The static shape of ``value``, or None when any dim is not a known size (see `dims_of`)."""
+    dims = dims_of(graph, value)
+    return None if dims is None or None in dims else dims  # type: ignore[return-value]
+
+
+def same_shape(graph: Graph, a: str, b: str) -> bool:
+    """Whether ``a`` and ``b`` surely have one shape: equal dims, each a known size or the same symbolic name."""
+    ta, tb = graph.type_of(a), graph.type_of(b)
+    if ta is None or tb is None or ta.shape is None or ta.shape != tb.shape:
+        return False
+    return all(isinstance(d, str) or (isinstance(d, int) and d >= 0) for d in ta.shape)
+
+
+def broadcasts_into(shape: tuple[int, ...], target: tuple[int | None, ...]) -> bool:
+    """Whether ``shape`` broadcasts to ``target`` without growing it: each dim 1 or equal to a known target dim."""
+    if len(shape) > len(target):
+        return False
+    return all(d == 1 or d == t for d, t in zip(reversed(shape), reversed(target)))
 
 
 def has_kernel(graph: Graph, domain: str, op_type: str) -> bool:
@@ -67,48 +81,6 @@ def fresh(graph: Graph, base: str) -> str:
 
 def add_const(graph: Graph, base: str, array: np.ndarray) -> str:
     return graph.add_initializer(fresh(graph, base), np.asarray(array))
-
-
-def bypass(graph: Graph, node: Node, source: str) -> bool:
-    """Remove ``node`` (single output) so its readers read ``source`` instead.
-
-    When the node's output is a graph output the interface must keep its name:
-    the producer of ``source`` is renamed instead, which is only possible if
-    ``source`` is produced by a node, is no graph output and has no other reader.
-    """
-    out = node.outputs[0]
-    if out not in graph.outputs:
-        graph.remove_node(node)
-        graph.replace_all_uses(out, source, graph_outputs=False)
-        return True
-    producer = graph.producer(source)
-    if producer is None or source in graph.outputs or len(graph.consumers(source)) != 1:
-        return False
-    graph.remove_node(node)
-    rename_output(graph, producer, source, out)
-    return True
-
-
-def rename_output(graph: Graph, node: Node, old: str, new: str) -> Node:
-    """Make ``node`` output ``new`` where it output ``old`` (readers of ``old`` follow)."""
-    index = graph.nodes.index(node)
-    graph.remove_node(node)
-    outputs = [new if o == old else o for o in node.outputs]
-    clone = Node(node.op_type, node.inputs, outputs, dict(node.attrs), node.name, node.domain)
-    graph.add_node(clone, index)
-    graph.replace_all_uses(old, new, graph_outputs=False)
-    if old in graph.types and new not in graph.types:
-        graph.types[new] = graph.types[old]
-    return clone
-
-
-def replace(graph: Graph, old: list[Node], new: Node) -> Node:
-    """Put ``new`` where the last of ``old`` was, and remove every node of ``old``."""
-    index = min(graph.nodes.index(n) for n in old)
-    for n in old:
-        graph.remove_node(n)
-    graph.add_node(new, index)
-    return new
 
 
 def run_node(graph: Graph, node: Node, inputs: list[np.ndarray | None]) -> list[np.ndarray]:

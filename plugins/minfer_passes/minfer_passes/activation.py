@@ -19,7 +19,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, MINFER_DOMAIN, const, dtype_of, has_kernel, opset, replace, sole_consumer
+from ._util import FLOATS, MINFER_DOMAIN, add_const, const, dtype_of, has_kernel, opset
 
 FUSED = {"Conv": "FusedConv", "Gemm": "FusedGemm", "MatMul": "FusedMatMul"}
 ACTIVATIONS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh")
@@ -60,7 +60,7 @@ def activation_fusion(graph: Graph) -> bool:
     for base in list(graph.nodes):
         if base not in graph.nodes or not _fusable_base(graph, base):
             continue
-        act = sole_consumer(graph, base.outputs[0])
+        act = graph.sole_consumer(base.outputs[0])
         if act is None or act.domain or act.op_type not in ACTIVATIONS or act.inputs[0] != base.outputs[0]:
             continue
         params = _params(graph, act)
@@ -69,6 +69,23 @@ def activation_fusion(graph: Graph) -> bool:
         attrs = dict(base.attrs, activation=act.op_type, activation_params=params)
         fused = Node(FUSED[base.op_type], base.inputs, act.outputs, attrs, base.name, MINFER_DOMAIN)
         graph.opsets.setdefault(MINFER_DOMAIN, 1)
-        replace(graph, [base, act], fused)
+        graph.replace([base, act], fused)
         changed = True
     return changed
+
+
+def activation_node(graph: Graph, act: str, params: list[float], src: str, out: str, name: str) -> Node:
+    """``out = act(src)`` as a standard node, with ``params`` as activation_fusion recorded them (for --portable)."""
+    dtype = graph.type_of(src).dtype if graph.type_of(src) is not None else np.dtype(np.float32)
+    if act == "LeakyRelu":
+        return Node(act, [src], [out], {"alpha": params[0]}, name)
+    if act == "HardSigmoid":
+        return Node(act, [src], [out], {"alpha": params[0], "beta": params[1]}, name)
+    if act == "Clip":
+        lo, hi = params
+        if opset(graph) < 11:
+            return Node(act, [src], [out], {"min": lo, "max": hi}, name)
+        names = [add_const(graph, f"{name}_min", np.array(lo, dtype=dtype)),
+                 add_const(graph, f"{name}_max", np.array(hi, dtype=dtype))]
+        return Node(act, [src, *names], [out], {}, name)
+    return Node(act, [src], [out], {}, name)

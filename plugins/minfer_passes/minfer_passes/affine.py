@@ -33,9 +33,9 @@ import numpy as np
 
 from minfer_core import Graph, Node, kernel, op, parallel_for, same_as_input, spmd
 
-from ._util import FLOATS, MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, opset, replace, sole_consumer
+from ._util import FLOATS, MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, opset
 from .activation import ACTIVATIONS as ACTIVATION_OPS
-from .activation import _params
+from .activation import _params, activation_node
 from .fusion import _bn_params
 from .ops import ACTIVATIONS
 
@@ -50,7 +50,7 @@ def _rank(graph: Graph, value: str) -> int | None:
 
 
 def _activation(graph: Graph, value: str) -> tuple[Node, list[float]] | None:
-    act = sole_consumer(graph, value)
+    act = graph.sole_consumer(value)
     if act is None or act.domain or act.op_type not in ACTIVATION_OPS or act.inputs[0] != value:
         return None
     params = _params(graph, act)
@@ -81,7 +81,7 @@ def _step(graph: Graph, bn: Node) -> bool:
         fused.append(act)
         end = act.outputs[0]
     graph.opsets.setdefault(MINFER_DOMAIN, 1)
-    replace(graph, fused, Node(OP, inputs, [end], attrs, bn.name, MINFER_DOMAIN))
+    graph.replace(fused, Node(OP, inputs, [end], attrs, bn.name, MINFER_DOMAIN))
     return True
 
 
@@ -96,7 +96,7 @@ def _scale_target(graph: Graph, node: Node) -> tuple[Node, np.ndarray, np.ndarra
     s = const(graph, node.inputs[1])
     if s is None or not (np.all(s > 0) if node.attrs.get("activation") else np.all(s != 0)):
         return None
-    conv = sole_consumer(graph, node.outputs[0])
+    conv = graph.sole_consumer(node.outputs[0])
     if conv is None or conv.op_type not in ("Conv", "FusedConv") or conv.domain not in ("", MINFER_DOMAIN):
         return None
     if (conv.op_type == "Conv") != (conv.domain == "") or conv.inputs[0] != node.outputs[0]:
@@ -120,8 +120,8 @@ def _fold_scale(graph: Graph, node: Node) -> bool:
     name = node.name or OP
     shift = add_const(graph, f"{name}_shift", (b.astype(np.float64).reshape(-1) / s).astype(b.dtype))
     weights = add_const(graph, f"{conv.name or 'conv'}_W", w2.astype(w.dtype))
-    replace(graph, [node], Node(OP, [node.inputs[0], "", shift], node.outputs, dict(node.attrs), node.name, node.domain))
-    replace(graph, [conv], Node(conv.op_type, [conv.inputs[0], weights, *conv.inputs[2:]], conv.outputs,
+    graph.replace([node], Node(OP, [node.inputs[0], "", shift], node.outputs, dict(node.attrs), node.name, node.domain))
+    graph.replace([conv], Node(conv.op_type, [conv.inputs[0], weights, *conv.inputs[2:]], conv.outputs,
                              dict(conv.attrs), conv.name, conv.domain))
     return True
 
@@ -244,22 +244,17 @@ OPS = [op(OP, domain=MINFER_DOMAIN, infer=same_as_input(0),
 
 def expand_channel_affine(graph: Graph, node: Node) -> None:
     """ChannelAffine -> BatchNormalization(X, S, B, 0, 1; epsilon 0) [-> activation]; Mul + Add before opset 9."""
-    from .portable import _activation_node
-
     x, s, b = node.inputs[:3]
     act, params = node.attrs.get("activation", ""), [float(p) for p in node.attrs.get("activation_params", [])]
     t = graph.type_of(node.outputs[0]) or graph.type_of(x)
-    index = graph.nodes.index(node)
-    graph.remove_node(node)
     name = node.name or OP
     y = fresh(graph, f"{name}_affine") if act else node.outputs[0]
     if t is not None and act:
         graph.types[y] = t
     new = _affine_nodes(graph, x, s, b, y, name)
     if act:
-        new.append(_activation_node(graph, act, params, y, node.outputs[0], fresh(graph, f"{name}_act")))
-    for k, n in enumerate(new):
-        graph.add_node(n, index + k)
+        new.append(activation_node(graph, act, params, y, node.outputs[0], fresh(graph, f"{name}_act")))
+    graph.replace([node], new)
 
 
 def _affine_nodes(graph: Graph, x: str, s: str, b: str, y: str, name: str) -> list[Node]:

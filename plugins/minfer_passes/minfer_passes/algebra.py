@@ -18,7 +18,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, MINFER_DOMAIN, const, is_op, replace, sole_consumer
+from ._util import FLOATS, MINFER_DOMAIN, const, is_op
 
 BINARY = ("Add", "Sub", "Mul", "Div")
 
@@ -49,7 +49,7 @@ def scalar_binary(graph: Graph) -> bool:
             attrs = {"op": node.op_type, "scalar": c, "reverse": int(index == 1)}
             fused = Node("BinaryScalar", [node.inputs[index]], node.outputs, attrs, node.name, MINFER_DOMAIN)
             graph.opsets.setdefault(MINFER_DOMAIN, 1)
-            replace(graph, [node], fused)
+            graph.replace([node], fused)
             changed = True
             break
     return changed
@@ -57,7 +57,7 @@ def scalar_binary(graph: Graph) -> bool:
 
 def _scaled(graph: Graph, value: str, add: Node) -> tuple[Node, str, np.ndarray] | None:
     mul = graph.producer(value)
-    if not is_op(mul, "Mul") or sole_consumer(graph, value) is not add:
+    if not is_op(mul, "Mul") or graph.sole_consumer(value) is not add:
         return None
     for index in (0, 1):
         if const(graph, mul.inputs[index]) is None:
@@ -79,6 +79,6 @@ def weighted_sum_fusion(graph: Graph) -> bool:
         weights = np.array([left[2], right[2]], dtype=left[2].dtype)
         fused = Node("WeightedSum", [left[1], right[1]], add.outputs, {"weights": weights}, add.name, MINFER_DOMAIN)
         graph.opsets.setdefault(MINFER_DOMAIN, 1)
-        replace(graph, [left[0], right[0], add], fused)
+        graph.replace([left[0], right[0], add], fused)
         changed = True
     return changed

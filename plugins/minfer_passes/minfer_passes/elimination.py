@@ -24,14 +24,14 @@ import numpy as np
 
 from minfer_core import Graph, Node, onnx_dtype
 
-from ._util import bypass, const, dtype_of, shape_of, used
+from ._util import const, dtype_of, shape_of
 
 
 def dead_code_elimination(graph: Graph) -> bool:
     """Remove nodes whose outputs nothing reads, then initializers nothing reads."""
     changed = False
     for node in reversed(graph.topological_order()):
-        if not any(used(graph, o) for o in node.outputs):
+        if not any(graph.is_used(o) for o in node.outputs):
             graph.remove_node(node)
             changed = True
     read = {name for n in graph.nodes for name in n.inputs} | set(graph.outputs) | _subgraph_reads(graph)
@@ -66,7 +66,7 @@ def _identity(graph: Graph, node: Node) -> bool:
 
 
 def _dropout(graph: Graph, node: Node) -> bool:
-    if len(node.outputs) > 1 and used(graph, node.outputs[1]):
+    if len(node.outputs) > 1 and graph.is_used(node.outputs[1]):
         return False
     if len(node.inputs) > 2 and node.inputs[2]:
         mode = const(graph, node.inputs[2])
@@ -84,7 +84,7 @@ def _cast(graph: Graph, node: Node) -> bool:
 
 def _pool(graph: Graph, node: Node) -> bool:
     a = node.attrs
-    if node.op_type == "MaxPool" and len(node.outputs) > 1 and used(graph, node.outputs[1]):
+    if node.op_type == "MaxPool" and len(node.outputs) > 1 and graph.is_used(node.outputs[1]):
         return False
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID", "SAME_UPPER", "SAME_LOWER"):
         return False
@@ -157,7 +157,7 @@ def identity_elimination(graph: Graph) -> bool:
         check = CASES.get(node.op_type) if not node.domain else None
         if check is None or not node.inputs or not node.inputs[0]:
             continue
-        if _same_type(graph, node) and check(graph, node) and bypass(graph, node, node.inputs[0]):
+        if _same_type(graph, node) and check(graph, node) and graph.bypass(node, node.inputs[0]):
             changed = True
     return changed
 

@@ -11,9 +11,10 @@
   ``Add`` after a Gemm folds into its C when the sum keeps Gemm's output shape.
   The constant must broadcast along the channel axis only (scalars, [C,1,1],
   [1,C,1,1]), so the fused output has the same shape. Float rounding moves.
-- ``matmul_add_to_gemm``: ``Add(MatMul(A, B), C)`` with A of rank 2, B a 2-D
-  constant and C broadcastable to [M, N] without growing it becomes
-  ``Gemm(A, B, C)``. Exact up to summation order inside the kernel.
+- ``matmul_add_to_gemm``: ``Add(MatMul(A, B), C)`` with A of rank 2 (M may be
+  symbolic or unknown), B a 2-D constant and C broadcastable to [M, N]
+  without growing it becomes ``Gemm(A, B, C)``. Exact up to summation order
+  inside the kernel.
 
 Every fusion requires the intermediate value to have exactly one reader and
 not to be a graph output.
@@ -25,7 +26,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, add_const, const, has_kernel, is_op, per_channel, replace, shape_of, sole_consumer, used
+from ._util import FLOATS, add_const, broadcasts_into, const, dims_of, has_kernel, is_op, per_channel, shape_of
 
 
 def _bn_params(graph: Graph, bn: Node) -> tuple[np.ndarray, ...] | None:
@@ -57,10 +58,10 @@ def _rebuild_conv(graph: Graph, conv: Node, last: Node, w: np.ndarray, b: np.nda
     names = [add_const(graph, f"{conv.name or 'conv'}_W", w.astype(dtype)),
              add_const(graph, f"{conv.name or 'conv'}_B", b.astype(dtype))]
     fused = Node("Conv", [conv.inputs[0], *names], last.outputs, dict(conv.attrs), conv.name, "")
-    replace(graph, [conv, last], fused)
+    graph.replace([conv, last], fused)
     # drop the replaced weights now, not at the dead-code pass: else every folded conv holds two copies
     for name in conv.inputs[1:]:
-        if name in graph.initializers and not used(graph, name):
+        if name in graph.initializers and not graph.is_used(name):
             graph.remove_initializer(name)
 
 
@@ -70,7 +71,7 @@ def conv_bn_fusion(graph: Graph) -> bool:
     for conv in list(graph.nodes):
         if not is_op(conv, "Conv") or conv not in graph.nodes:
             continue
-        bn = sole_consumer(graph, conv.outputs[0])
+        bn = graph.sole_consumer(conv.outputs[0])
         if not is_op(bn, "BatchNormalization") or bn.inputs[0] != conv.outputs[0]:
             continue
         params, wb = _bn_params(graph, bn), _conv_weights(graph, conv)
@@ -120,17 +121,17 @@ def _fold_into_bn(graph: Graph, bn: Node, op: Node, c: np.ndarray) -> bool:
     names = [add_const(graph, f"{bn.name or 'bn'}_scale", scale.astype(dtype)),
              add_const(graph, f"{bn.name or 'bn'}_bias", bias.astype(dtype))]
     fused = Node(bn.op_type, [bn.inputs[0], *names, *bn.inputs[3:5]], op.outputs[:1], dict(bn.attrs), bn.name, "")
-    replace(graph, [bn, op], fused)
+    graph.replace([bn, op], fused)
     return True
 
 
 def _fold_into_gemm(graph: Graph, gemm: Node, op: Node) -> bool:
     other = op.inputs[1] if op.inputs[0] == gemm.outputs[0] else op.inputs[0]
-    c, out = const(graph, other), shape_of(graph, gemm.outputs[0])
+    c, out = const(graph, other), dims_of(graph, gemm.outputs[0])
     w = const(graph, gemm.inputs[1])
     if c is None or out is None or w is None or c.dtype != w.dtype or c.ndim > 2:
         return False
-    if np.broadcast_shapes(out, c.shape) != out:
+    if not broadcasts_into(c.shape, out):
         return False
     beta = float(gemm.attrs.get("beta", 1.0))
     if len(gemm.inputs) > 2 and gemm.inputs[2]:
@@ -141,20 +142,20 @@ def _fold_into_gemm(graph: Graph, gemm: Node, op: Node) -> bool:
     attrs = dict(gemm.attrs, beta=1.0)
     name = add_const(graph, f"{gemm.name or 'gemm'}_C", c)
     fused = Node("Gemm", [gemm.inputs[0], gemm.inputs[1], name], op.outputs, attrs, gemm.name, "")
-    replace(graph, [gemm, op], fused)
+    graph.replace([gemm, op], fused)
     return True
 
 
 def _affine_step(graph: Graph, node: Node) -> bool:
-    nxt = sole_consumer(graph, node.outputs[0])
+    nxt = graph.sole_consumer(node.outputs[0])
     if not is_op(nxt, "Mul", "Add") or len(nxt.inputs) != 2:
         return False
     if is_op(node, "Gemm"):
         return nxt.op_type == "Add" and _fold_into_gemm(graph, node, nxt)
-    shape = shape_of(graph, node.outputs[0])
-    if shape is None or len(shape) < 3 or _dtype_differs(graph, nxt, node.outputs[0]):
+    dims = dims_of(graph, node.outputs[0])  # only the rank and the channel count matter
+    if dims is None or len(dims) < 3 or dims[1] is None or _dtype_differs(graph, nxt, node.outputs[0]):
         return False
-    c = _channel_const(graph, nxt, node.outputs[0], shape[1], len(shape))
+    c = _channel_const(graph, nxt, node.outputs[0], dims[1], len(dims))
     if c is None:
         return False
     c = c.astype(np.float64)
@@ -176,6 +177,26 @@ def affine_fusion(graph: Graph) -> bool:
     return changed
 
 
+def _gemm_operands(graph: Graph, mm: Node) -> tuple[Node, str] | None:
+    """(the Add, its other operand C) when ``Add(MatMul(A, B), C)`` is exactly ``Gemm(A, B, C)``.
+
+    A of rank 2 (its rows may be a symbolic, unknown or negative dim), B a 2-D
+    float constant, C of static shape and B's dtype, of rank <= 2, broadcasting
+    into [M, N] without growing it (each dim 1 or equal to a known size).
+    """
+    add = graph.sole_consumer(mm.outputs[0])
+    a, b = dims_of(graph, mm.inputs[0]), const(graph, mm.inputs[1])
+    if not is_op(add, "Add") or a is None or len(a) != 2 or b is None or b.ndim != 2:
+        return None
+    other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
+    c, c_type = shape_of(graph, other), graph.type_of(other)
+    if c is None or c_type is None or len(c) > 2 or c_type.dtype != b.dtype:
+        return None
+    if b.dtype not in FLOATS:  # Gemm is only sure to have a kernel for float types
+        return None
+    return (add, other) if broadcasts_into(c, (a[0], b.shape[1])) else None
+
+
 def matmul_add_to_gemm(graph: Graph) -> bool:
     """Turn Add(MatMul(A, B), C) into Gemm(A, B, C) where that is the same computation."""
     changed = False
@@ -184,20 +205,11 @@ def matmul_add_to_gemm(graph: Graph) -> bool:
     for mm in list(graph.nodes):
         if not is_op(mm, "MatMul") or mm not in graph.nodes:
             continue
-        add = sole_consumer(graph, mm.outputs[0])
-        a_shape, b = shape_of(graph, mm.inputs[0]), const(graph, mm.inputs[1])
-        out = shape_of(graph, mm.outputs[0])
-        if not is_op(add, "Add") or a_shape is None or len(a_shape) != 2 or b is None or b.ndim != 2 or out is None:
+        found = _gemm_operands(graph, mm)
+        if found is None:
             continue
-        other = add.inputs[1] if add.inputs[0] == mm.outputs[0] else add.inputs[0]
-        c = graph.type_of(other)
-        if c is None or not c.is_static or len(c.shape) > 2 or c.dtype != b.dtype:  # type: ignore[arg-type]
-            continue
-        if b.dtype not in FLOATS:  # Gemm is only sure to have a kernel for float types
-            continue
-        if np.broadcast_shapes(out, c.shape) != out:  # type: ignore[arg-type]
-            continue
+        add, other = found
         gemm = Node("Gemm", [mm.inputs[0], mm.inputs[1], other], add.outputs, {}, mm.name, "")
-        replace(graph, [mm, add], gemm)
+        graph.replace([mm, add], gemm)
         changed = True
     return changed

@@ -42,7 +42,7 @@ import numpy as np
 
 from minfer_core import Graph, Node, kernel, op, parallel_for, same_as_input
 
-from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op, replace, sole_consumer
+from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op
 
 OP = "Gelu"
 
@@ -65,14 +65,14 @@ def _other(node: Node, value: str) -> str | None:
 
 def _next(graph: Graph, value: str, *op_types: str) -> Node | None:
     """The sole reader of ``value`` when it is one of ``op_types`` (standard domain)."""
-    node = sole_consumer(graph, value)
+    node = graph.sole_consumer(value)
     return node if is_op(node, *op_types) else None
 
 
 def _match(graph: Graph, erf: Node) -> tuple[str, list[Node], str] | None:
     """(X, the nodes making GELU(X), its output) when ``erf`` is the Erf of the pattern."""
     scale = graph.producer(erf.inputs[0]) if erf.inputs else None
-    if not is_op(scale, "Div", "Mul") or sole_consumer(graph, scale.outputs[0]) is not erf:  # type: ignore[union-attr]
+    if not is_op(scale, "Div", "Mul") or graph.sole_consumer(scale.outputs[0]) is not erf:  # type: ignore[union-attr]
         return None
     assert scale is not None
     for x in dict.fromkeys(scale.inputs):  # Mul may have X on either side
@@ -105,7 +105,7 @@ def _match(graph: Graph, erf: Node) -> tuple[str, list[Node], str] | None:
             return None
         return x, [scale, erf, add, mul, last], last.outputs[0]
     half = graph.producer(partner) if partner else None  # (X * 0.5) * A
-    if (not is_op(half, "Mul") or sole_consumer(graph, partner) is not mul  # type: ignore[arg-type]
+    if (not is_op(half, "Mul") or graph.sole_consumer(partner) is not mul  # type: ignore[arg-type]
             or not _scalar(graph, _other(half, x) or "", 0.5, rank)):  # type: ignore[arg-type]
         return None
     return x, [half, scale, erf, add, mul], mul.outputs[0]  # type: ignore[list-item]
@@ -124,7 +124,7 @@ def gelu_fusion(graph: Graph) -> bool:
             continue
         x, nodes, y = found
         graph.opsets.setdefault(MINFER_DOMAIN, 1)
-        replace(graph, nodes, Node(OP, [x], [y], {}, node.name, MINFER_DOMAIN))
+        graph.replace(nodes, Node(OP, [x], [y], {}, node.name, MINFER_DOMAIN))
         changed = True
     return changed
 
@@ -241,10 +241,7 @@ def expand_gelu(graph: Graph, node: Node) -> None:
            Node("Add", [mids[1], consts[1]], [mids[2]], {}, fresh(graph, f"{name}_add")),
            Node("Mul", [x, mids[2]], [mids[3]], {}, fresh(graph, f"{name}_mul")),
            Node("Mul", [mids[3], consts[2]], [y], {}, name)]
-    index = graph.nodes.index(node)
-    graph.remove_node(node)
-    for k, n in enumerate(new):
-        graph.add_node(n, index + k)
+    graph.replace([node], new)
 
 
 # ---- property-suite patterns ---------------------------------------------------------------------

@@ -29,7 +29,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, const, has_kernel, is_op, opset, replace, shape_of, sole_consumer
+from ._util import FLOATS, const, dims_of, has_kernel, is_op, opset, shape_of
 
 VIEWS = ("Reshape", "Flatten", "Squeeze", "Unsqueeze")
 
@@ -41,14 +41,14 @@ def transpose_merge(graph: Graph) -> bool:
         if not is_op(outer, "Transpose") or outer not in graph.nodes:
             continue
         inner = graph.producer(outer.inputs[0])
-        if not is_op(inner, "Transpose") or sole_consumer(graph, inner.outputs[0]) is not outer:
+        if not is_op(inner, "Transpose") or graph.sole_consumer(inner.outputs[0]) is not outer:
             continue
         p1, p2 = inner.attrs.get("perm"), outer.attrs.get("perm")
         if p1 is None or p2 is None or len(p1) != len(p2):
             continue
         perm = [int(p1[i]) for i in p2]
         merged = Node("Transpose", [inner.inputs[0]], outer.outputs, {"perm": perm}, outer.name, "")
-        replace(graph, [inner, outer], merged)
+        graph.replace([inner, outer], merged)
         if perm == list(range(len(perm))):
             _drop_identity(graph, merged)
         changed = True
@@ -56,11 +56,8 @@ def transpose_merge(graph: Graph) -> bool:
 
 
 def _drop_identity(graph: Graph, node: Node) -> None:
-    from ._util import bypass
-
-    if not bypass(graph, node, node.inputs[0]):
-        graph.remove_node(node)  # an interface value must keep a producer: keep a plain Identity
-        graph.add_node(Node("Identity", node.inputs, node.outputs, {}, node.name, ""))
+    if not graph.bypass(node):  # an interface value must keep a producer: keep a plain Identity
+        graph.replace([node], Node("Identity", node.inputs, node.outputs, {}, node.name, ""))
 
 
 def reshape_merge(graph: Graph) -> bool:
@@ -97,8 +94,8 @@ def global_pool_flatten(graph: Graph) -> bool:
     for pool in list(graph.nodes):
         if not is_op(pool, "GlobalAveragePool", "GlobalMaxPool") or pool not in graph.nodes:
             continue
-        flat = sole_consumer(graph, pool.outputs[0])
-        shape = shape_of(graph, pool.inputs[0])
+        flat = graph.sole_consumer(pool.outputs[0])
+        shape = dims_of(graph, pool.inputs[0])  # only the rank matters: N and C may be symbolic
         if flat is None or shape is None or len(shape) < 3 or not _flattens_to_2d(graph, flat, pool.outputs[0]):
             continue
         reduce_op = "ReduceMean" if pool.op_type == "GlobalAveragePool" else "ReduceMax"
@@ -113,14 +110,14 @@ def global_pool_flatten(graph: Graph) -> bool:
             node.inputs = (pool.inputs[0], name)
         else:
             node.attrs["axes"] = axes
-        replace(graph, [pool, flat], node)
+        graph.replace([pool, flat], node)
         changed = True
     return changed
 
 
 def _pointwise_on_1x1(graph: Graph, conv: Node) -> bool:
     """A Conv that is a matrix product: 1x1 spatial input, 1x1 kernel, one group, no padding, constant W."""
-    shape, w = shape_of(graph, conv.inputs[0]), const(graph, conv.inputs[1])
+    shape, w = dims_of(graph, conv.inputs[0]), const(graph, conv.inputs[1])  # N may be symbolic or unknown
     if shape is None or len(shape) != 4 or shape[2:] != (1, 1) or w is None or w.shape[2:] != (1, 1):
         return False
     if w.dtype not in FLOATS:  # Gemm is only sure to have a kernel for float types
@@ -146,7 +143,7 @@ def global_conv_to_gemm(graph: Graph) -> bool:
     for conv in list(graph.nodes):
         if not is_op(conv, "Conv") or conv not in graph.nodes or not _pointwise_on_1x1(graph, conv):
             continue
-        reader = sole_consumer(graph, conv.outputs[0])
+        reader = graph.sole_consumer(conv.outputs[0])
         if reader is None or not _flattens_to_2d(graph, reader, conv.outputs[0]):
             continue
         w = const(graph, conv.inputs[1])
@@ -154,9 +151,8 @@ def global_conv_to_gemm(graph: Graph) -> bool:
         weights = graph.unique_name(f"{conv.name or 'conv'}_gemm_W")
         graph.add_initializer(weights, w.reshape(m, -1))  # type: ignore[union-attr]
         flat_in = graph.unique_name(f"{conv.name or 'conv'}_flat")
-        index = graph.nodes.index(conv)
-        graph.add_node(Node("Flatten", [conv.inputs[0]], [flat_in], {"axis": 1}, graph.unique_name("flatten"), ""), index)
+        flatten = Node("Flatten", [conv.inputs[0]], [flat_in], {"axis": 1}, graph.unique_name("flatten"), "")
         gemm_inputs = [flat_in, weights] + ([conv.inputs[2]] if len(conv.inputs) > 2 and conv.inputs[2] else [])
-        replace(graph, [conv, reader], Node("Gemm", gemm_inputs, reader.outputs, {"transB": 1}, conv.name, ""))
+        graph.replace([conv, reader], [flatten, Node("Gemm", gemm_inputs, reader.outputs, {"transB": 1}, conv.name, "")])
         changed = True
     return changed

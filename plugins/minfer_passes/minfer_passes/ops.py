@@ -240,7 +240,8 @@ KERNELS = [fused_conv, fused_gemm, fused_matmul, binary_scalar, weighted_sum]
 def _type_proto(t: TensorType | None) -> onnx.TypeProto | None:
     if t is None:
         return None
-    shape = None if t.shape is None else list(t.shape)
+    # a negative dim_value (an exporter's "unknown") is unknown to onnx's inference too
+    shape = None if t.shape is None else [None if isinstance(d, int) and d < 0 else d for d in t.shape]
     return helper.make_tensor_type_proto(helper.np_dtype_to_tensor_dtype(t.dtype), shape)
 
 
@@ -257,7 +258,10 @@ def _from_proto(tp: onnx.TypeProto) -> TensorType | None:
 def _infer_as(base: str) -> Callable[..., list[TensorType | None]]:
     def infer(*types: TensorType | None, activation: str = "", activation_params: Any = None, **attrs: Any) -> list:
         types = types[:ARITY[base]]  # FusedConv's Z has the output's shape: it changes nothing
-        names = [f"i{i}" for i in range(len(types))]
+        # an omitted optional input (FusedConv without B) has no type: onnx's node reads it as ""
+        names = [f"i{i}" if t is not None else "" for i, t in enumerate(types)]
+        while names and not names[-1]:
+            names.pop()
         node = helper.make_node(base, names, ["y"], **attrs)
         known = {n: _type_proto(t) for n, t in zip(names, types) if t is not None}
         schema = onnx.defs.get_schema(base, 21)
@@ -270,7 +274,7 @@ def _infer_as(base: str) -> Callable[..., list[TensorType | None]]:
 def _infer_weighted_sum(a: TensorType | None, b: TensorType | None, **attrs: Any) -> list[TensorType | None]:
     if a is None or b is None:
         return [None]
-    if a.is_static and b.is_static:
+    if a.is_static and b.is_static and min((*a.shape, *b.shape, 0)) >= 0:  # type: ignore[misc]
         return [TensorType(a.dtype, np.broadcast_shapes(a.shape, b.shape))]  # type: ignore[arg-type]
     return [a if a.shape == b.shape else TensorType(a.dtype, None)]
 

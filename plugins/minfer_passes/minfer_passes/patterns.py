@@ -15,7 +15,7 @@ import numpy as np
 from hypothesis import strategies as st
 
 from minfer_core.testing import GraphBuilder
-from minfer_core.testing.strategies import expose, floats_array, has_kernels, shapes
+from minfer_core.testing.strategies import expose, floats_array, has_kernels, loosen, shapes
 
 ACTS = ("Relu", "LeakyRelu", "Clip", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh")
 
@@ -194,10 +194,13 @@ def affine_fusion(draw: Any) -> Any:
     b = GraphBuilder()
     shape = draw(_nchw())
     x = b.input(shape)
+    loosen(draw, b, x)  # only the channel count matters
     kind = draw(st.sampled_from(["Conv", "BatchNormalization"] + (["Gemm"] if has_kernels("Gemm") else [])))
     if kind == "Gemm":
         k, n = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-        y = b.op("Gemm", b.input((shape[0], k)), b.const(draw(floats_array((k, n)))))
+        a = b.input((shape[0], k))
+        loosen(draw, b, a)
+        y = b.op("Gemm", a, b.const(draw(floats_array((k, n)))))
         cshape = draw(st.sampled_from([(n,), (1, n), (shape[0], n), ()]))
     else:
         if kind == "Conv":
@@ -218,7 +221,9 @@ def affine_fusion(draw: Any) -> Any:
 def matmul_add_to_gemm(draw: Any) -> Any:
     b = GraphBuilder()
     m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
-    y = b.op("MatMul", b.input((m, k)), b.const(draw(floats_array((k, n)))))
+    a = b.input((m, k))
+    loosen(draw, b, a)  # M symbolic or unknown: a C of [M, N] or [M, 1] must then stay an Add
+    y = b.op("MatMul", a, b.const(draw(floats_array((k, n)))))
     expose(draw, b, y)
     cshape = draw(st.sampled_from([(n,), (1, n), (m, n), (m, 1)]))
     c = b.input(cshape) if draw(st.integers(0, 3)) == 0 else b.const(draw(floats_array(cshape)))
@@ -277,6 +282,7 @@ def conv_residual_fusion(draw: Any) -> Any:
     b = GraphBuilder(opset=draw(st.sampled_from([13, 17])))
     shape = draw(_nchw())
     x = b.input(shape)
+    how = loosen(draw, b, x)  # a symbolic batch fuses only with Z of the same symbol; an unknown one never
     y = draw(_conv(b, x, shape))
     out = _conv_out_shape(b, y, shape)
     kind = draw(st.sampled_from(["input", "later", "conv", "x", "broadcast", "broadcast"]))
@@ -284,6 +290,8 @@ def conv_residual_fusion(draw: Any) -> Any:
         kind = "later"
     if kind == "input":
         z = b.input(out)
+        if how != "static":
+            loosen(draw, b, z)
     elif kind == "later":
         z = b.op("Tanh", b.input(out))
     elif kind == "conv":
@@ -362,6 +370,7 @@ def global_conv_to_gemm(draw: Any) -> Any:
     b = GraphBuilder()
     n, c, h, w = draw(_nchw())
     x = b.input((n, c, h, w))
+    loosen(draw, b, x)  # the batch may be symbolic or unknown: the Conv is still a matrix product
     pooled = b.op(draw(st.sampled_from(["GlobalAveragePool", "GlobalMaxPool"])), x) if draw(st.integers(0, 3)) else x
     m = draw(st.integers(1, 4))
     k = 1 if draw(st.integers(0, 3)) else 2

@@ -16,19 +16,11 @@ from . import activation, affine, algebra, elimination, fusion, folding, gelu, l
 from ._util import fixpoint
 
 
-def _patterns(name: str) -> Callable[[], Any]:
-    def strategy() -> Any:
-        from . import patterns  # hypothesis is a test dependency: import it only when the suite asks
-
-        return getattr(patterns, name)()
-
-    return strategy
-
-
 def _pass(fn: Callable[..., bool], level: str, *, loop: bool = False, **kw: Any) -> Pass:
     name = fn.__name__
     doc = (fn.__doc__ or "").strip()
-    return Pass(name, fixpoint(fn) if loop else fn, level, doc=doc, patterns=_patterns(name), **kw)
+    # an import string: hypothesis is a test dependency, imported only when the property suite resolves it
+    return Pass(name, fixpoint(fn) if loop else fn, level, doc=doc, patterns=f"minfer_passes.patterns:{name}", **kw)
 
 
 TYPED = ("shape_inference",)
@@ -50,7 +42,7 @@ PASSES = [
     # before the scalar passes, which would take its Div/Add/Mul by constants apart first
     Pass("gelu_fusion", gelu.gelu_fusion, "extended", requires=TYPED, after=("constant_folding",),
          before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
-         doc=(gelu.gelu_fusion.__doc__ or "").strip(), patterns=gelu.patterns),
+         doc=(gelu.gelu_fusion.__doc__ or "").strip(), patterns="minfer_passes.gelu:patterns"),
     _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
           after=("affine_fusion", "matmul_add_to_gemm")),
     _pass(algebra.scalar_binary, "extended", requires=TYPED, after=("affine_fusion", "matmul_add_to_gemm")),
@@ -62,7 +54,7 @@ PASSES = [
           after=("conv_bn_fusion", "affine_fusion", "matmul_add_to_gemm"), rtol=1e-5, atol=1e-6),
     Pass("channel_affine_fusion", affine.channel_affine_fusion, "all", requires=TYPED,
          after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
-         doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns=affine.patterns),
+         doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns="minfer_passes.affine:patterns"),
     _pass(portable.expand_fused, "basic", role="portable"),
 ]
 

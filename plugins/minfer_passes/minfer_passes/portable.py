@@ -21,26 +21,11 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import MINFER_DOMAIN, add_const, fresh, opset, replace
+from ._util import MINFER_DOMAIN, add_const, fresh
+from .activation import activation_node
 from .affine import expand_channel_affine
 from .gelu import expand_gelu
 from .ops import ARITY, BASE_OPS
-
-
-def _activation_node(graph: Graph, act: str, params: list[float], src: str, out: str, name: str) -> Node:
-    dtype = graph.type_of(src).dtype if graph.type_of(src) is not None else np.dtype(np.float32)
-    if act == "LeakyRelu":
-        return Node(act, [src], [out], {"alpha": params[0]}, name)
-    if act == "HardSigmoid":
-        return Node(act, [src], [out], {"alpha": params[0], "beta": params[1]}, name)
-    if act == "Clip":
-        lo, hi = params
-        if opset(graph) < 11:
-            return Node(act, [src], [out], {"min": lo, "max": hi}, name)
-        names = [add_const(graph, f"{name}_min", np.array(lo, dtype=dtype)),
-                 add_const(graph, f"{name}_max", np.array(hi, dtype=dtype))]
-        return Node(act, [src, *names], [out], {}, name)
-    return Node(act, [src], [out], {}, name)
 
 
 def _expand_fused(graph: Graph, node: Node) -> None:
@@ -57,41 +42,37 @@ def _expand_fused(graph: Graph, node: Node) -> None:
         stages.append(("Add", [z], {}, fresh(graph, f"{node.name or node.op_type}_add")))
     if act:
         stages.append(("act", [], {}, fresh(graph, f"{node.name}_act")))
-    index = graph.nodes.index(node)
-    graph.remove_node(node)
     src = node.outputs[0] if not stages else fresh(graph, f"{node.name or node.op_type}_pre")
     if t is not None and src != node.outputs[0]:
         graph.types[src] = t
-    graph.add_node(Node(base_op, inputs, [src], attrs, node.name, ""), index)
+    new = [Node(base_op, inputs, [src], attrs, node.name, "")]
     for k, (op, extra, op_attrs, name) in enumerate(stages):
         last = k == len(stages) - 1
         dst = node.outputs[0] if last else fresh(graph, f"{node.name or node.op_type}_sum")
         if t is not None and not last:
             graph.types[dst] = t
         if op == "act":
-            new = _activation_node(graph, act, params, src, dst, name)
+            new.append(activation_node(graph, act, params, src, dst, name))
         else:
-            new = Node(op, [src, *extra], [dst], op_attrs, name, "")
-        graph.add_node(new, index + 1 + k)
+            new.append(Node(op, [src, *extra], [dst], op_attrs, name, ""))
         src = dst
+    graph.replace([node], new)
 
 
 def _expand_scalar(graph: Graph, node: Node) -> None:
     c = add_const(graph, f"{node.name or 'scalar'}_c", np.asarray(node.attrs["scalar"]))
     inputs = [c, node.inputs[0]] if node.attrs.get("reverse", 0) else [node.inputs[0], c]
-    replace(graph, [node], Node(node.attrs["op"], inputs, node.outputs, {}, node.name, ""))
+    graph.replace([node], Node(node.attrs["op"], inputs, node.outputs, {}, node.name, ""))
 
 
 def _expand_weighted_sum(graph: Graph, node: Node) -> None:
     w = np.asarray(node.attrs["weights"])
-    index = graph.nodes.index(node)
-    graph.remove_node(node)
-    parts = []
+    parts, new = [], []
     for i, src in enumerate(node.inputs):
         c = add_const(graph, f"{node.name or 'wsum'}_w{i}", w[i])
         parts.append(fresh(graph, f"{node.name or 'wsum'}_p{i}"))
-        graph.add_node(Node("Mul", [src, c], [parts[-1]], {}, fresh(graph, "mul"), ""), index + i)
-    graph.add_node(Node("Add", parts, node.outputs, {}, node.name, ""), index + 2)
+        new.append(Node("Mul", [src, c], [parts[-1]], {}, fresh(graph, "mul"), ""))
+    graph.replace([node], [*new, Node("Add", parts, node.outputs, {}, node.name, "")])
 
 
 EXPANDERS = {

@@ -16,8 +16,8 @@ where the last fused node was, since Z may be computed after the Conv.
 Broadcasting: Add and Sum broadcast (numpy rules); the fused kernel adds Z
 into the Conv's output buffer, which only equals Add when Z has exactly the
 output's shape, so any other shape (a per-channel bias is affine_fusion's
-job; a larger Z would grow the output) and any unknown or symbolic dim leave
-the graph alone.
+job; a larger Z would grow the output) and any unknown dim leave the graph
+alone. A symbolic dim (``"N"``) matches only a dim of the same name.
 
 Exact up to float rounding: the kernel adds Z to the same Conv result the
 standalone Add would read (identical rounding), then applies the same
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from minfer_core import Graph, Node
 
-from ._util import FLOATS, MINFER_DOMAIN, dtype_of, has_kernel, shape_of, sole_consumer
+from ._util import FLOATS, MINFER_DOMAIN, dtype_of, has_kernel, same_shape
 from .activation import ACTIVATIONS, _params
 
 
@@ -44,26 +44,14 @@ def _base(graph: Graph, node: Node) -> bool:
 
 
 def _residual(graph: Graph, y: str) -> tuple[Node, str] | None:
-    """The Add/Sum reading ``y`` alone and the other operand Z, when Z has exactly y's static shape and dtype."""
-    add = sole_consumer(graph, y)
+    """The Add/Sum reading ``y`` alone and the other operand Z, when Z surely has y's shape (`same_shape`) and dtype."""
+    add = graph.sole_consumer(y)
     if add is None or add.domain or add.op_type not in ("Add", "Sum") or len(add.inputs) != 2:
         return None
     z = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
-    shape = shape_of(graph, y)
-    if not z or shape is None or shape_of(graph, z) != shape or dtype_of(graph, z) != dtype_of(graph, y):
+    if not z or not same_shape(graph, y, z) or dtype_of(graph, z) != dtype_of(graph, y):
         return None
     return add, z
-
-
-def _place(graph: Graph, old: list[Node], new: Node) -> None:
-    """Put ``new`` where the last node of ``old`` was (after Z's producer), removing all of ``old``."""
-    last = max(old, key=graph.nodes.index)
-    for n in old:
-        if n is not last:
-            graph.remove_node(n)
-    index = graph.nodes.index(last)
-    graph.remove_node(last)
-    graph.add_node(new, index)
 
 
 def _step(graph: Graph, node: Node) -> bool:
@@ -80,7 +68,7 @@ def _step(graph: Graph, node: Node) -> bool:
         fused.append(add)
         end = add.outputs[0]
     attrs = dict(node.attrs)
-    act = sole_consumer(graph, end)
+    act = graph.sole_consumer(end)
     params = _params(graph, act) if act is not None and not act.domain and act.op_type in ACTIVATIONS else None
     if act is not None and params is not None and act.inputs[0] == end:
         attrs.update(activation=act.op_type, activation_params=params)
@@ -90,7 +78,7 @@ def _step(graph: Graph, node: Node) -> bool:
         return False  # already fused, and no activation to take
     new = Node("FusedConv", inputs, [end], attrs, node.name, MINFER_DOMAIN)
     graph.opsets.setdefault(MINFER_DOMAIN, 1)
-    _place(graph, fused, new)
+    graph.replace(fused, new)  # where the last of them stood: after Z's producer
     return True
 
 
