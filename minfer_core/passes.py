@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import attrs
 
+from .errors import PassError
 from .graph import Graph
 
 LEVELS = ("basic", "extended", "all")
@@ -14,6 +16,22 @@ LEVELS = ("basic", "extended", "all")
 ROLES = ("optimize", "portable")
 """``optimize`` passes run in the level pipelines; ``portable`` passes lower minfer-only nodes
 back to standard ONNX ops (``minfer optimize --portable``) and never run in a level."""
+
+
+PATTERNS_IMPORT_STRING = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def check_patterns(p: Pass, _attribute: Any, value: Any) -> None:
+    """Refuse a ``Pass.patterns`` that is neither None, a callable nor an import string ``"module:name"``."""
+    if value is None or callable(value):
+        return
+    if isinstance(value, str) and PATTERNS_IMPORT_STRING.fullmatch(value):
+        return
+    raise PassError(
+        f"pass {p.name!r}: patterns={value!r} is neither an import string 'package.module:name' naming a "
+        "zero-argument callable that returns a hypothesis strategy of graphs, nor such a callable; "
+        "write e.g. patterns='my_plugin.strategies:my_pass_targets'"
+    )
 
 
 @attrs.frozen
@@ -27,10 +45,14 @@ class Pass:
     ``rtol``/``atol`` state how far it may move float outputs (the property
     suite enforces it; integer outputs must stay exact).
 
-    ``patterns`` is an optional zero-argument callable returning a hypothesis
-    strategy of `Graph` objects that contain the pass's target pattern in random
-    context; the property suite (`minfer_core.testing`) draws from it to check
-    that the pass fires where it must, keeps outputs, and is idempotent.
+    ``patterns`` names the pass's target strategy: a zero-argument callable
+    returning a hypothesis strategy of `Graph` objects that contain the pass's
+    target pattern in random context, either given as an import string
+    ``"package.module:name"`` (preferred: nothing is imported until the
+    property suite resolves it, so a plugin never needs hypothesis to load) or
+    as the callable itself. The property suite (`minfer_core.testing`) draws
+    from it to check that the pass fires where it must, keeps outputs, and is
+    idempotent. Only the form is checked here (see `check_patterns`).
     ``role`` is ``"optimize"`` or ``"portable"`` (see `ROLES`).
     """
 
@@ -43,7 +65,7 @@ class Pass:
     rtol: float = 1e-5
     atol: float = 1e-6
     doc: str = ""
-    patterns: Callable[[], Any] | None = attrs.field(default=None, eq=False)
+    patterns: str | Callable[[], Any] | None = attrs.field(default=None, eq=False, validator=check_patterns)
     role: str = attrs.field(default="optimize", validator=attrs.validators.in_(ROLES))
     plugin: str | None = attrs.field(default=None, eq=False)
 

@@ -8,9 +8,9 @@ with minfer installed loads this file.
   suite (`minfer_core.testing.pass_suite`) for every installed pass, or only
   those of the named plugins (comma-separated distribution names). A
   third-party plugin checks its passes with ``pytest --minfer-passes=my-dist``.
-- hypothesis profiles ``minfer-ci`` (the suite's default) and
-  ``minfer-nightly``: ``--hypothesis-profile=minfer-nightly`` or
-  ``MINFER_HYPOTHESIS_PROFILE=minfer-nightly``.
+- hypothesis profiles ``minfer-ci`` (the suite's default), ``minfer-dev``
+  and ``minfer-nightly`` (`minfer_core.testing.suite.PROFILES`, the one set):
+  ``--hypothesis-profile=minfer-nightly`` or ``MINFER_HYPOTHESIS_PROFILE=minfer-nightly``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-PROFILE_ENV = "MINFER_HYPOTHESIS_PROFILE"
+PROFILE_ENV = "MINFER_HYPOTHESIS_PROFILE"  # as minfer_core.testing.suite.PROFILE_ENV, without importing it
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -50,6 +50,26 @@ def pytest_configure(config: Any) -> None:
         from minfer_core.testing import pass_suite
 
         config.args.append(pass_suite.__file__)
+
+
+def pytest_collection_finish(session: Any) -> None:
+    """Refuse ``--minfer-passes=NAME`` when NAME is no installed pass plugin or pass (not 0 tests, green)."""
+    wanted = session.config.getoption("minfer_passes", None)
+    if not wanted or wanted == "all":
+        return
+    # after collection: a conftest anywhere under the arguments may have registered the plugin in code
+    from minfer_core.plugins import get_registry
+    from minfer_core.testing.pass_suite import select
+
+    unknown = select(wanted)[1]
+    if unknown:
+        passes = get_registry().passes
+        plugins = sorted({str(p.plugin) for p in passes})
+        raise pytest.UsageError(
+            f"--minfer-passes={wanted}: {', '.join(map(repr, unknown))} names no installed pass plugin or pass. "
+            f"Pass plugins: {', '.join(plugins) or 'none'}; passes: {', '.join(sorted(p.name for p in passes)) or 'none'}. "
+            "Install the plugin's distribution (pip install ...) or fix the name; --minfer-passes alone checks them all."
+        )
 
 
 @pytest.fixture

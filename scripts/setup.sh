@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv (if needed) and install minfer-core with the first-party plugins.
+# Create .venv (if needed) and install minfer-core with the first-party plugins (every plugins/*/), editable.
 # Usage: bash scripts/setup.sh [--test]   (--test adds pytest, hypothesis, onnxruntime and the example plugin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,7 +19,11 @@ if [ "${1:-}" = "--test" ]; then
   core=".[test]"
   extra=(-e ./examples/minfer_contrib_example)
 fi
-pkgs=(-e "$core" -e ./plugins/minfer_ops_basic -e ./plugins/minfer_ops_conv -e ./plugins/minfer_passes "${extra[@]}")
+pkgs=(-e "$core")
+for project in plugins/*/pyproject.toml; do  # every first-party plugin, as the installed-wheels stage builds them
+  pkgs+=(-e "./${project%/pyproject.toml}")
+done
+pkgs+=("${extra[@]}")
 if ! .venv/bin/python -m pip install --quiet "${pkgs[@]}" >> "$log" 2>&1; then
   cat "$log" >&2
   exit 1

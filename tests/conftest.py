@@ -1,12 +1,11 @@
-"""Test-suite configuration: hypothesis profiles (select with HYPOTHESIS_PROFILE=ci|dev|nightly)."""
+"""Test-suite configuration: the testing kit's hypothesis profiles, the one set (minfer_core.testing.suite).
+
+Select with MINFER_HYPOTHESIS_PROFILE=minfer-ci|minfer-dev|minfer-nightly (default minfer-dev;
+scripts/test.sh sets minfer-ci).
+"""
 
 from __future__ import annotations
 
-import os
+from minfer_core.testing import load_profile
 
-from hypothesis import HealthCheck, settings
-
-settings.register_profile("ci", max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("dev", max_examples=50, deadline=None)
-settings.register_profile("nightly", max_examples=1000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+load_profile()

@@ -6,6 +6,8 @@ Public API for plugin authors (imports nothing heavy; hypothesis loads with
 - `GraphBuilder`, `random_feeds`, `random_array`: write small graphs and feeds.
 - `minfer_core.testing.strategies`: hypothesis strategies (`graphs`, `shapes`,
   `floats_array`, `expose`) to build a pass's target strategy (`Pass.patterns`).
+- `target_strategy(pass)`: the pass's `Pass.patterns` resolved (an import
+  string is imported only then) and called: its hypothesis strategy.
 - `check_pass`, `check_pipeline`: one-graph checks (outputs within the pass's
   tolerance per dtype, valid graph, idempotent); `verify_pass`,
   `verify_pipeline`: the hypothesis-driven properties the suite runs,
@@ -14,8 +16,9 @@ Public API for plugin authors (imports nothing heavy; hypothesis loads with
   `assert_node_matches_onnxruntime` (onnxruntime as the oracle), `call_kernel`.
 - The suite as a pytest option: ``pytest --minfer-passes`` checks every
   installed pass, ``pytest --minfer-passes=my-plugin`` only that plugin's
-  (plus the whole pipeline). Profiles: ``--hypothesis-profile=minfer-ci``
-  (default for the suite) and ``minfer-nightly`` (or ``MINFER_HYPOTHESIS_PROFILE``).
+  (plus the whole pipeline). Profiles (`load_profile` makes one every
+  test's): ``minfer-ci`` (the suite's default), ``minfer-dev`` and
+  ``minfer-nightly``, chosen by ``MINFER_HYPOTHESIS_PROFILE`` or ``--hypothesis-profile``.
 """
 
 from __future__ import annotations
@@ -32,10 +35,11 @@ from .checks import (
     signature,
     tolerance,
 )
-from .suite import register_profiles, verify_pass, verify_pipeline
+from .suite import load_profile, register_profiles, target_strategy, verify_pass, verify_pipeline
 
 __all__ = [
     "GraphBuilder",
+    "load_profile",
     "PassCheckFailure",
     "PassOutcome",
     "check_pass",
@@ -46,6 +50,7 @@ __all__ = [
     "register_profiles",
     "run_graph",
     "signature",
+    "target_strategy",
     "tolerance",
     "UnusableExample",
     "verify_pass",

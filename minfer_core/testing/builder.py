@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -59,15 +59,25 @@ class GraphBuilder:
         return self.graph
 
 
-def random_feeds(graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """Deterministic random values for every graph input, from its declared type."""
+def random_feeds(graph: Graph, seed: int = 0, dims: Mapping[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Deterministic random values for every graph input, from its declared type (minfer's one feed helper).
+
+    An input declared with symbolic or unknown dims is fed the shape
+    ``graph.meta["feed_shapes"]`` gives it (see `strategies.loosen`); else,
+    when ``dims`` is given (the CLI's ``--dim NAME=SIZE``), each symbolic dim
+    takes its size from ``dims`` and every other non-static dim is 1.
+    """
     rng = np.random.default_rng(seed)
     feeds = {}
+    sizes = graph.meta.get("feed_shapes", {})
     for name in graph.inputs:
         t = graph.types.get(name)
-        if t is None or not t.is_static:
-            raise ValueError(f"input {name!r} needs a static declared type to draw a feed for it")
-        feeds[name] = random_array(rng, t.shape, t.dtype)  # type: ignore[arg-type]
+        shape = sizes.get(name, None if t is None else t.shape)
+        if dims is not None and shape is not None and name not in sizes:
+            shape = tuple(d if isinstance(d, int) else dims.get(str(d), 1) for d in shape)
+        if t is None or shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
+            raise ValueError(f"input {name!r} needs a static declared type (or graph.meta['feed_shapes']) to draw a feed for it")
+        feeds[name] = random_array(rng, shape, t.dtype)
     return feeds
 
 

@@ -15,7 +15,7 @@ import attrs
 import numpy as np
 import onnx
 
-from .errors import UnsupportedOpError
+from ..errors import UnsupportedOpError
 
 
 @attrs.frozen
@@ -64,7 +64,7 @@ def load_cases() -> list[Case]:
 
 def run_case(case: Case) -> None:
     """Run one case through minfer's backend; raises AssertionError on a mismatch."""
-    from . import backend
+    from .. import backend
 
     rep = backend.prepare(case.proto)
     for inputs, expected in case.data_sets:
@@ -101,9 +101,9 @@ def claimed(case: Case) -> bool:
     A case that needs anything no plugin claims (control flow in an ``_expanded``
     case, say) and fails for that reason is 'unsupported', not failed.
     """
-    from .graph import Graph
-    from .onnx_io import load_model
-    from .plugins import get_registry
+    from ..graph import Graph
+    from ..onnx_io import load_model
+    from ..plugins import get_registry
 
     reg = get_registry()
     graph: Graph = load_model(case.proto)
@@ -119,7 +119,7 @@ def _has_body(schema: Any) -> bool:
 
 def coverage(cases: Iterable[Case]) -> dict[str, dict[str, Any]]:
     """Per op type: the plugin claiming it and cases passed/total."""
-    from .plugins import get_registry
+    from ..plugins import get_registry
 
     reg = get_registry()
     table: dict[str, dict[str, Any]] = {}

@@ -1,15 +1,19 @@
 """The hypothesis-driven properties the suite enforces for every installed pass, and its profiles.
 
-Profiles (``--hypothesis-profile=NAME`` or ``MINFER_HYPOTHESIS_PROFILE=NAME``):
+Profiles, the one set for the pass suite and for minfer's own tests
+(``MINFER_HYPOTHESIS_PROFILE=NAME`` or ``--hypothesis-profile=NAME``):
 ``minfer-ci`` draws few, derandomized examples per property so the whole
-suite stays within CI time on two cores; ``minfer-nightly`` draws 40 times
-as many with fresh randomness each run, for a scheduled job.
+suite stays within CI time on two cores; ``minfer-dev`` (the default of a
+test run, see `load_profile`) twice as many with fresh randomness;
+``minfer-nightly`` 20 times as many, for a scheduled job.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any, Iterable, Sequence
 
+from ..errors import MinferError
 from ..passes import Pass
 from .checks import PassCheckFailure, UnusableExample, check_pass, check_pipeline
 
@@ -25,8 +29,10 @@ def _usable(check: Any, *args: Any, **kw: Any) -> Any:
 
 PROFILES: dict[str, dict[str, Any]] = {
     "minfer-ci": dict(max_examples=25, derandomize=True),
+    "minfer-dev": dict(max_examples=50),
     "minfer-nightly": dict(max_examples=500),
 }
+PROFILE_ENV = "MINFER_HYPOTHESIS_PROFILE"
 
 
 def register_profiles() -> None:
@@ -43,13 +49,35 @@ def register_profiles() -> None:
         )
 
 
+def load_profile(default: str = "minfer-dev") -> str:
+    """Load the profile ``MINFER_HYPOTHESIS_PROFILE`` names (else ``default``) for every test; returns its name.
+
+    A test suite's conftest calls it (minfer's own does). An unknown name, or
+    hypothesis's own ``HYPOTHESIS_PROFILE`` set instead, is an error: a
+    profile that silently does not apply costs a nightly run.
+    """
+    import os
+
+    from hypothesis import settings
+
+    register_profiles()
+    name = os.environ.get(PROFILE_ENV) or default
+    choices = f"set {PROFILE_ENV} to one of {', '.join(PROFILES)}"
+    if os.environ.get("HYPOTHESIS_PROFILE") and not os.environ.get(PROFILE_ENV):
+        raise MinferError(f"HYPOTHESIS_PROFILE={os.environ['HYPOTHESIS_PROFILE']} is not read by minfer's tests; {choices}")
+    if name not in PROFILES:
+        raise MinferError(f"{PROFILE_ENV}={name}: no such hypothesis profile; {choices}")
+    settings.load_profile(name)
+    return name
+
+
 def suite_settings() -> Any:
     """The settings the suite runs under.
 
-    ``MINFER_HYPOTHESIS_PROFILE`` wins; else a loaded ``minfer-*`` profile
-    (``--hypothesis-profile=minfer-nightly``) or a loaded ``nightly`` profile
-    maps to ``minfer-nightly``; else ``minfer-ci``. The suite applies them per
-    property, so loading them never changes other tests' settings.
+    ``MINFER_HYPOTHESIS_PROFILE`` wins; else ``minfer-nightly`` when it is
+    the loaded profile (``--hypothesis-profile=minfer-nightly``); else
+    ``minfer-ci``, so a local run's ``minfer-dev`` does not double the suite's
+    time. The suite applies them per property: other tests keep theirs.
     """
     import os
 
@@ -57,10 +85,44 @@ def suite_settings() -> Any:
 
     register_profiles()
     current = getattr(settings, "_current_profile", "") or ""
-    name = os.environ.get("MINFER_HYPOTHESIS_PROFILE") or (
-        current if current.startswith("minfer-") else "minfer-nightly" if current == "nightly" else "minfer-ci"
-    )
+    name = os.environ.get(PROFILE_ENV) or ("minfer-nightly" if current == "minfer-nightly" else "minfer-ci")
     return settings.get_profile(name)
+
+
+def target_strategy(p: Pass) -> Any:
+    """``p``'s target strategy: its ``Pass.patterns`` resolved (an import string is imported now) and called.
+
+    Raises `PassCheckFailure` naming the pass and its plugin when it declares
+    none, when the import string does not resolve, or when it names no callable.
+    """
+    spec = p.patterns
+    where = f"pass {p.name!r} (from {p.plugin})"
+    if spec is None:
+        raise PassCheckFailure(
+            f"{where} declares no target strategy (Pass.patterns): the suite cannot show it fires where it "
+            "must and keeps outputs; declare patterns='package.module:name'"
+        )
+    if isinstance(spec, str):
+        spec = _resolve(spec, where)
+    if not callable(spec):
+        raise PassCheckFailure(f"{where}: its patterns {p.patterns!r} is a {type(spec).__name__}, not a zero-argument "
+                               "callable returning a hypothesis strategy")
+    return spec()
+
+
+def _resolve(spec: str, where: str) -> Any:
+    """The object an import string ``"package.module:attr.path"`` names."""
+    module, _, path = spec.partition(":")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in path.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise PassCheckFailure(
+            f"{where}: its patterns {spec!r} does not resolve ({type(exc).__name__}: {exc}); "
+            "fix the import string, or install what the strategy module imports (hypothesis: the plugin's test extra)"
+        ) from exc
+    return obj
 
 
 def verify_pass(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None) -> int:
@@ -72,15 +134,11 @@ def verify_pass(p: Pass, installed: Iterable[Pass] = (), *, settings: Any = None
     """
     from hypothesis import given
 
-    if p.patterns is None:
-        raise PassCheckFailure(
-            f"pass {p.name!r} (from {p.plugin}) declares no target strategy (Pass.patterns): "
-            "the suite cannot show it fires where it must and keeps outputs"
-        )
+    strategy = target_strategy(p)
     installed = list(installed)
     fired: list[bool] = []
 
-    @given(p.patterns())
+    @given(strategy)
     def prop(graph: Any) -> None:
         fired.append(_usable(check_pass, p, graph, installed=installed).changed)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from minfer_core import UnsupportedOpError
-from minfer_core.conformance import claimed, load_cases, run_case
+from minfer_core.testing.conformance import claimed, load_cases, run_case
 
 EXPECTATIONS = Path(__file__).with_name("expected_failures.txt")
 

@@ -10,7 +10,7 @@ import onnx
 
 from minfer_core import Graph, hookimpl, use_plugins
 from minfer_core.cli import main
-from minfer_core.cli_passes import bisect
+from minfer_core.testing.bisect import bisect
 from minfer_core.plugins import get_registry
 from minfer_core.testing import GraphBuilder, random_feeds
 

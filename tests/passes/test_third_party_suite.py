@@ -1,73 +1,73 @@
-"""A third-party plugin's pass gets the whole property suite from one pytest option."""
+"""A third-party plugin's pass, written as the README shows it, gets the whole property suite from one option."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
-import textwrap
+from pathlib import Path
 
-PLUGIN = '''
-"""A third party's plugin: one pass, Neg(Neg(x)) -> x, with its target strategy."""
-from hypothesis import strategies as st
-
-from minfer_core import Pass, hookimpl, use_plugins
-from minfer_core.testing import GraphBuilder
-from minfer_core.testing.strategies import expose, shapes
-
-BROKEN = {broken}
+README = Path(__file__).resolve().parents[2] / "README.md"
+FILES = ("my_plugin/passes.py", "my_plugin/strategies.py")
+# registered in code for the test; an installed distribution registers through its entry point instead
+CONFTEST = "import minfer_core, my_plugin.passes\n\nminfer_core.use_plugins(my_plugin.passes)\n"
+# imports fail as in an environment where neither is installed
+WITHOUT_TEST_DEPS = "import sys\nsys.modules['hypothesis'] = sys.modules['pytest'] = None\n"
 
 
-def double_neg(graph):
-    """Bypass Neg(Neg(x)) where the inner Neg has no other reader."""
-    changed = False
-    for outer in list(graph.nodes):
-        inner = graph.producer(outer.inputs[0]) if outer.op_type == "Neg" else None
-        if inner is None or inner.op_type != "Neg" or outer.outputs[0] in graph.outputs:
-            continue
-        if len(graph.consumers(inner.outputs[0])) != 1 or inner.outputs[0] in graph.outputs:
-            continue
-        graph.remove_node(outer)
-        source = inner.outputs[0] if BROKEN else inner.inputs[0]
-        graph.replace_all_uses(outer.outputs[0], source, graph_outputs=False)
-        changed = True
-    return changed
+def readme_plugin(tmp_path: Path, broken: bool = False) -> Path:
+    """Write the README's example plugin files (the blocks headed ``# my_plugin/...``) under ``tmp_path``."""
+    text = README.read_text()
+    for name in FILES:
+        block = re.search(rf"```python\n# {re.escape(name)}\n(.*?)```", text, re.S)
+        assert block, f"README.md has no python block headed '# {name}'"
+        code = block.group(1)
+        if broken:  # keeps the outer Neg's input: -x instead of x
+            code = code.replace("inner.inputs[0], graph_outputs", "inner.outputs[0], graph_outputs")
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(code)
+    (tmp_path / "my_plugin" / "__init__.py").write_text("")
+    return tmp_path
 
 
-@st.composite
-def patterns(draw):
-    b = GraphBuilder()
-    x = b.input(draw(shapes()))
-    inner = b.op("Neg", x)
-    expose(draw, b, inner)
-    b.output(b.op("Relu", b.op("Neg", inner)))
-    return b.build()
-
-
-class Plugin:
-    @hookimpl
-    def register_passes(self, register):
-        register(Pass("double_neg", double_neg, patterns=patterns))
-
-
-use_plugins(Plugin())  # an installed distribution would register through its entry point instead
-'''
-
-
-def _run(tmp_path, broken: bool) -> subprocess.CompletedProcess:
-    (tmp_path / "conftest.py").write_text(textwrap.dedent(PLUGIN.format(broken=broken)))
-    cmd = [sys.executable, "-m", "pytest", "--minfer-passes=double_neg", "-q", "-p", "no:cacheprovider", str(tmp_path)]
+def _suite(tmp_path: Path, option: str, broken: bool = False) -> subprocess.CompletedProcess:
+    readme_plugin(tmp_path, broken)
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    cmd = [sys.executable, "-m", "pytest", option, "-q", "-p", "no:cacheprovider", str(tmp_path)]
     return subprocess.run(cmd, capture_output=True, text=True, cwd=tmp_path, timeout=600)
 
 
-def test_third_party_pass_is_checked_by_the_option(tmp_path):
-    """`pytest --minfer-passes=NAME` runs the suite on a third party's pass, and it passes when correct."""
-    result = _run(tmp_path, broken=False)
+def test_readme_plugin_pass_is_checked_by_the_option(tmp_path):
+    """`pytest --minfer-passes=NAME` runs the suite on the README's pass, and it passes when correct."""
+    result = _suite(tmp_path, "--minfer-passes=double_neg")
     assert result.returncode == 0, result.stdout[-3000:]
     assert "4 passed" in result.stdout  # its target strategy, random graphs, the pipeline, coverage
 
 
-def test_third_party_broken_pass_fails_the_option(tmp_path):
-    """The same run fails when the third party's pass changes the outputs."""
-    result = _run(tmp_path, broken=True)
+def test_readme_plugin_broken_pass_fails_the_option(tmp_path):
+    """The same run fails when the pass changes the outputs."""
+    result = _suite(tmp_path, "--minfer-passes=double_neg", broken=True)
     assert result.returncode == 1, result.stdout[-3000:]
     assert "double_neg" in result.stdout and "changed the outputs" in result.stdout
+
+
+def test_unknown_name_is_a_usage_error_listing_what_is_installed(tmp_path):
+    """`--minfer-passes=NAME` where NAME matches no pass plugin or pass exits 4 and lists them, not 0 tests green."""
+    result = _suite(tmp_path, "--minfer-passes=double_neg,no-such-plugin")
+    assert result.returncode == 4, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "'no-such-plugin' names no installed pass plugin or pass" in result.stderr
+    assert "double_neg" in result.stderr and "minfer-passes" in result.stderr
+
+
+def test_readme_plugin_registers_without_hypothesis_or_pytest(tmp_path):
+    """The README's plugin loads and its pass runs where hypothesis and pytest cannot be imported."""
+    readme_plugin(tmp_path)
+    script = WITHOUT_TEST_DEPS + (
+        "import minfer_core, my_plugin.passes\n"
+        "with minfer_core.use_plugins(my_plugin.passes):\n"
+        "    p = next(p for p in minfer_core.get_registry().passes if p.name == 'double_neg')\n"
+        "print(p.patterns, 'hypothesis' in sys.modules and sys.modules['hypothesis'] is not None)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["my_plugin.strategies:double_neg_targets", "False"]

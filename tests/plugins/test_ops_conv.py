@@ -391,7 +391,7 @@ def test_max_roi_pool_matches_onnxruntime():
 
 
 def _conv_plugin_cases():
-    from minfer_core.conformance import load_cases
+    from minfer_core.testing.conformance import load_cases
 
     ops = {k.op_type for k in KERNELS}
     return [c for c in load_cases() if len(c.proto.graph.node) == 1 and c.op_type == ("", c.proto.graph.node[0].op_type)

@@ -23,6 +23,6 @@ def register_kernels(register):
 
 @hookimpl
 def register_passes(register):
-    from .passes import PASS  # imports hypothesis: only the pass hook needs it
+    from .passes import PASS
 
     register(PASS)
