@@ -1,18 +1,39 @@
-"""The ``minfer`` command: run, info, plugins, coverage, and the pass commands."""
+"""The ``minfer`` command: run, info, plugins, coverage, and the pass commands.
+
+Exit codes: 0 success; 1 the model was read but minfer refused or failed it
+(a `MinferError`); 2 a mistake on the command line (an unknown option, input
+or dim, a file named there that is missing or unreadable, an output folder
+that does not exist), always as one line on stderr, never a traceback.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 import numpy as np
 
-from .errors import MinferError
+from .errors import BadFeedError, MinferError, ModelLoadError
 from .zoo import model_path
+
+MAX_DIM = 2**31 - 1
+PASS_LEVELS = ("all", "extended", "basic", "none")
+
+
+class UsageError(Exception):
+    """A mistake on the command line: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (usage is one ``--help`` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -23,27 +44,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
+        _check_output_folders(args)
         return int(args.func(args) or 0)
+    except (UsageError, BadFeedError) as exc:
+        print(f"minfer: error: {exc}", file=sys.stderr)
+        return 2
     except MinferError as exc:
         print(f"minfer: error: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="minfer", description="Run and inspect ONNX models with minfer.")
+    from . import __version__
+
+    parser = _Parser(prog="minfer", description="Run and inspect ONNX models with minfer.")
+    parser.add_argument("--version", action="version", version=f"minfer {__version__}")
     sub = parser.add_subparsers(metavar="COMMAND")
     run = sub.add_parser("run", help="run a model on given or random inputs")
     run.add_argument("model")
     run.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy", help="a feed from a .npy file")
-    run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic dim for random inputs")
-    run.add_argument("--passes", default="all", help="pass level: all, extended, basic, none (default all)")
+    run.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE",
+                     help="size of a symbolic dim for random inputs (dims not given are 1)")
+    run.add_argument("--passes", default="all", choices=PASS_LEVELS, help="pass level (default all)")
     run.add_argument("--repeat", type=int, default=1, help="run N times and report the median run time")
     run.add_argument("--seed", type=int, default=0)
-    run.add_argument(
-        "--random-weights",
-        action="store_true",
-        help="replace ConstantOfShape weight placeholders (as in the onnx wheel's model-zoo files) by random weights",
-    )
+    run.add_argument("--random-weights", action="store_true", help="replace ConstantOfShape weight placeholders "
+                     "(as in the onnx wheel's model-zoo files) by random weights")
     run.set_defaults(func=cmd_run)
     plugins = sub.add_parser("plugins", help="list installed plugins and what each contributes")
     plugins.add_argument("--json", action="store_true", help="print JSON")
@@ -71,15 +97,79 @@ def _add_optional_commands(sub: Any) -> None:
         mod.add_commands(sub)
 
 
+# ---- command-line values ----------------------------------------------------------
+
+
+def model_arg(name: str) -> str:
+    """The model file a command names (or a model shipped with onnx); a UsageError when there is none."""
+    from .rawdata import open_regular
+
+    try:
+        path = model_path(name)
+        with open_regular(path, "model file"):
+            return path
+    except ModelLoadError as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _check_output_folders(args: argparse.Namespace) -> None:
+    """An output file's folder must exist before any work is done: a long run is not lost at the end."""
+    for attr, flag in (("output", "output"), ("profile", "--profile")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str) and not Path(value).resolve().parent.is_dir():
+            raise UsageError(f"{flag} {value!r}: folder {str(Path(value).parent)!r} does not exist; create it first")
+
+
+def parse_dims(items: Sequence[str], known: Sequence[str]) -> dict[str, int]:
+    """``--dim NAME=SIZE`` values, each NAME one of ``known`` (the model's symbolic dims)."""
+    dims = {}
+    for item in items:
+        name, eq, text = item.partition("=")
+        if not eq or not name:
+            raise UsageError(f"--dim {item!r}: expected NAME=SIZE")
+        if name not in known:
+            listed = ", ".join(sorted(known)) or "none: every input dim is fixed"
+            raise UsageError(f"--dim {item!r}: the model's inputs have no dim named {name!r} (symbolic dims: {listed})")
+        if not re.fullmatch(r"\+?[0-9]+", text.strip()) or int(text) > MAX_DIM:
+            raise UsageError(f"--dim {item!r}: SIZE must be a whole number from 0 to {MAX_DIM}")
+        dims[name] = int(text)
+    return dims
+
+
+def load_npy(item: str, names: Sequence[str]) -> tuple[str, np.ndarray]:
+    """An ``--input NAME=FILE.npy`` value: NAME one of the model's inputs, FILE a plain .npy array.
+
+    Pickled (object) arrays are refused, and the file is mapped rather than read,
+    so a header that claims more data than the file holds fails before allocating.
+    """
+    name, eq, path = item.partition("=")
+    if not eq or not name or not path:
+        raise UsageError(f"--input {item!r}: expected NAME=FILE.npy")
+    if name not in names:
+        raise UsageError(f"--input {item!r}: the model has no input {name!r} (inputs: {', '.join(names)})")
+    from .rawdata import open_regular
+
+    try:
+        with open_regular(path, f"--input {name}"):
+            pass
+        value = np.load(path, mmap_mode="r", allow_pickle=False)
+        if not isinstance(value, np.ndarray):
+            raise ValueError("it holds several arrays (an .npz archive?)")
+        return name, np.array(value)
+    except ModelLoadError as exc:
+        raise UsageError(str(exc)) from exc
+    except (OSError, ValueError, EOFError, TypeError) as exc:
+        raise UsageError(f"--input {item!r}: not a readable .npy array ({exc})") from exc
+
+
 # ---- run -------------------------------------------------------------------
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .engine import InferenceSession
-
+    from .session import InferenceSession
     from .zoo import randomized
 
-    model: Any = model_path(args.model)
+    model: Any = model_arg(args.model)
     if args.random_weights:
         model = randomized(model, seed=args.seed)
     start = time.perf_counter()
@@ -99,29 +189,35 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _feeds(sess: Any, args: argparse.Namespace) -> dict[str, np.ndarray]:
-    given = {}
-    for item in args.input:
-        name, _, path = item.partition("=")
-        given[name] = np.load(path)
-    dims = {k: int(v) for k, _, v in (d.partition("=") for d in args.dim)}
+    """The feeds of a run: the given .npy files, and random arrays of the declared shapes for the rest."""
+    from .rawdata import memory_bytes
+
+    inputs = sess.get_inputs()
+    given = dict(load_npy(item, [a.name for a in inputs]) for item in args.input)
+    symbolic = {str(d) for a in inputs for d in (a.shape or ()) if isinstance(d, str)}
+    dims = parse_dims(args.dim, sorted(symbolic))
     rng = np.random.default_rng(args.seed)
     feeds = {}
-    for arg in sess.get_inputs():
+    for arg in inputs:
         if arg.name in given:
             feeds[arg.name] = given[arg.name]
             continue
+        if arg.shape is None:
+            raise UsageError(f"input {arg.name!r} has no declared shape: give it with --input {arg.name}=FILE.npy")
         shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in arg.shape]
-        feeds[arg.name] = _random(rng, np.dtype(arg.dtype or np.float32), shape)
+        dtype = np.dtype(arg.dtype or np.float32)
+        limit = memory_bytes()
+        if limit is not None and int(np.prod(shape, dtype=object)) * dtype.itemsize > limit:
+            raise UsageError(f"input {arg.name!r} of shape {shape} would not fit in memory; give smaller --dim sizes")
+        feeds[arg.name] = _random(rng, dtype, shape)
     return feeds
 
 
 def _random(rng: np.random.Generator, dtype: np.dtype, shape: list[int]) -> np.ndarray:
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind in "iu":
-        return rng.integers(0, 10, shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iub":  # integers 0..9, booleans either way
+        return rng.integers(0, 2 if dtype.kind == "b" else 10, shape).astype(dtype)
     return np.zeros(shape, dtype)
 
 
@@ -140,7 +236,7 @@ def cmd_plugins(args: argparse.Namespace) -> int:
         print(f"{p.name} ({where})")
         if p.error:
             print(f"  FAILED TO LOAD: {p.error}")
-        for label, items in (("ops", p.ops), ("kernels", p.kernels), ("passes", p.passes)):
+        for label, items in (("ops", p.ops), ("kernels", p.kernels), ("passes", p.passes), ("executors", p.executors)):
             if items:
                 print(f"  {label} ({len(items)}): {', '.join(items)}")
     for conflict in reg.conflicts():
@@ -153,7 +249,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from .onnx_io import load_model
     from .plugins import get_registry, provider_hint
 
-    graph = load_model(model_path(args.model))
+    graph = load_model(model_arg(args.model))
     reg = get_registry()
     counts: dict[tuple[str, str], int] = {}
     for node in graph.nodes:
@@ -180,7 +276,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
-    from . import conformance
+    from .testing import conformance
 
     cases = conformance.load_cases()
     if args.op:

@@ -9,30 +9,29 @@ import argparse
 import json
 from typing import Any
 
-import numpy as np
-
 from .errors import PassError
 
 STANDARD_DOMAINS = ("", "ai.onnx", "ai.onnx.ml")
+LEVELS = ("all", "extended", "basic", "none")
 
 
 def add_commands(sub: Any) -> None:
     """Add ``passes``, ``optimize`` and ``bisect-passes`` to an argparse subparsers object."""
     p = sub.add_parser("passes", help="list installed passes: plugin, level, ordering, tolerance")
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--level", default="all", help="also print the order this level runs in (default all)")
+    p.add_argument("--level", default="all", choices=LEVELS, help="also print the order this level runs in (default all)")
     p.set_defaults(func=cmd_passes)
     o = sub.add_parser("optimize", help="write the optimized model and print what each pass changed")
     o.add_argument("model", help="input .onnx (or a model shipped with onnx, e.g. light_resnet50)")
     o.add_argument("output", help="output .onnx")
-    o.add_argument("--level", default="all", help="basic, extended, all or none (default all)")
+    o.add_argument("--level", default="all", choices=LEVELS, help="pass level (default all)")
     o.add_argument("--disable", action="append", default=[], metavar="NAME", help="a pass not to run (repeatable)")
     o.add_argument("--portable", action="store_true", help="standard ONNX ops only: lower minfer's fused ops back")
     o.add_argument("--json", action="store_true", help="print the per-pass record as JSON")
     o.set_defaults(func=cmd_optimize)
     b = sub.add_parser("bisect-passes", help="find the first pass application that moves outputs beyond its tolerance")
     b.add_argument("model")
-    b.add_argument("--level", default="all")
+    b.add_argument("--level", default="all", choices=LEVELS)
     b.add_argument("--disable", action="append", default=[], metavar="NAME")
     b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     b.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic input dim")
@@ -92,11 +91,12 @@ def optimize_graph(graph: Any, level: Any = "all", disabled: Any = (), portable:
 
 
 def cmd_optimize(args: argparse.Namespace) -> int:
+    from .cli import model_arg
     from .onnx_io import load_model, save_model
     from .pipeline import summarize
-    from .zoo import model_path
 
-    graph = load_model(model_path(args.model))
+    graph = load_model(model_arg(args.model))
+    _check_pass_names(args.disable)
     before = len(graph.nodes)
     results = optimize_graph(graph, args.level, args.disable, args.portable)
     save_model(graph, args.output)
@@ -111,59 +111,30 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_pass_names(names: list[str]) -> None:
+    """``--disable NAME``: each NAME an installed pass (a typo would otherwise be ignored)."""
+    from .cli import UsageError
+    from .plugins import get_registry
+
+    installed = sorted(p.name for p in get_registry().passes)
+    for name in names:
+        if name not in installed:
+            raise UsageError(f"--disable {name!r}: no installed pass has that name (installed: {', '.join(installed)})")
+
+
 # ---- bisect-passes ----------------------------------------------------------
 
 
-def _feeds(graph: Any, seed: int, dims: dict[str, int]) -> dict[str, np.ndarray]:
-    from .testing.builder import random_array
-
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for name in graph.inputs:
-        t = graph.types.get(name)
-        if t is None or t.shape is None:
-            raise PassError(f"input {name!r} has no declared shape; bisect-passes cannot draw a feed for it")
-        shape = [d if isinstance(d, int) else dims.get(str(d), 1) for d in t.shape]
-        feeds[name] = random_array(rng, shape, t.dtype)
-    return feeds
-
-
-def bisect(graph: Any, level: Any = "all", disabled: Any = (), feeds: dict[str, np.ndarray] | None = None,
-           log: Any = print) -> tuple[Any, str] | None:
-    """Apply the pipeline one pass at a time; return (record, why) for the first application that
-    moves the outputs beyond that pass's tolerance, or None when none does."""
-    from .pipeline import MAX_ROUNDS, apply_pass, select_passes
-    from .plugins import get_registry
-    from .testing.checks import outputs_mismatch, run_graph
-
-    passes = select_passes(get_registry(), level, disabled)
-    feeds = feeds if feeds is not None else _feeds(graph, 0, {})
-    current = run_graph(graph, feeds)
-    for round_ in range(1, MAX_ROUNDS + 1):
-        changed = False
-        for p in passes:
-            result = apply_pass(graph, p, round_=round_)
-            if not result.changed:
-                continue
-            changed = True
-            outputs = run_graph(graph, feeds)
-            why = outputs_mismatch(current, outputs, p.rtol, p.atol, graph.outputs)
-            log(f"{result.describe()}: " + ("BEYOND TOLERANCE" if why else "ok"))
-            if why:
-                return result, why
-            current = outputs
-        if not changed:
-            break
-    return None
-
-
 def cmd_bisect(args: argparse.Namespace) -> int:
+    from .cli import model_arg, parse_dims
     from .onnx_io import load_model
-    from .zoo import model_path
+    from .testing.bisect import bisect, bisect_feeds
 
-    graph = load_model(model_path(args.model))
-    dims = {k: int(v) for k, _, v in (d.partition("=") for d in args.dim)}
-    found = bisect(graph, args.level, args.disable, _feeds(graph, args.seed, dims))
+    graph = load_model(model_arg(args.model))
+    _check_pass_names(args.disable)
+    symbolic = {d for name in graph.inputs for d in (getattr(graph.types.get(name), "shape", None) or ()) if isinstance(d, str)}
+    dims = parse_dims(args.dim, sorted(symbolic))
+    found = bisect(graph, args.level, args.disable, bisect_feeds(graph, args.seed, dims))
     if found is None:
         print("every pass application kept the outputs within its tolerance")
         return 0

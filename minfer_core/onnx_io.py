@@ -1,10 +1,13 @@
 """ONNX import (path, bytes or ModelProto -> Graph) and export (Graph -> ModelProto).
 
-Loading never executes code from the model, and external-data paths are
-resolved inside the model's folder or refused.
+Loading never executes code from the model, reads only regular files and
+never more than they hold (see rawdata.py), and resolves external-data paths
+inside the model's folder or refuses them. Every bad file is a ModelLoadError.
 """
 
 from __future__ import annotations
+
+import functools
 
 import io
 import os
@@ -19,7 +22,8 @@ from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from .errors import ModelLoadError
 from .graph import Graph, Node
-from .rawdata import WireFormatError, read_payload, split_model
+from .rawdata import (WireFormatError, allocate, element_count, file_size, open_regular, read_payload, read_region,
+                      sparse_to_dense, split_model)
 from .tensor import Dim, TensorType
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
@@ -61,23 +65,30 @@ def load_model(model: ModelSource, *, base_dir: str | os.PathLike | None = None)
         doc_string=proto.doc_string,
         metadata_props={p.key: p.value for p in proto.metadata_props},
         functions=list(proto.functions),
+        opset_import=dict(opsets),  # as declared (the Graph defaults an empty one): strict.py checks it
     )
     return graph
+
+
+def read_model_proto(path: str | os.PathLike) -> onnx.ModelProto:
+    """The ModelProto of a model file, every initializer in it (external data stays external)."""
+    with open_regular(path, "model file") as fh:
+        return _parse(fh.read(file_size(fh)), str(path))
 
 
 def _read_proto(model: ModelSource) -> tuple[onnx.ModelProto, Path | None, dict[int, np.ndarray]]:
     """The ModelProto, the folder of its file, and the initializers read around protobuf (by index)."""
     if isinstance(model, onnx.ModelProto):
+        if not model.HasField("graph"):
+            raise ModelLoadError("the ModelProto holds no graph (model.graph is unset): there is nothing to run")
         return model, None, {}
     if isinstance(model, (bytes, bytearray)):
         proto, preloaded = _parse_split(io.BytesIO(bytes(model)), "<bytes>")
         return proto, None, preloaded
+    if not isinstance(model, (str, os.PathLike)):
+        raise ModelLoadError(f"a model is a file path, bytes or an onnx.ModelProto, not {type(model).__name__}")
     path = Path(model)
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read model file {str(path)!r}: {exc.strerror or exc}") from exc
-    with fh:
+    with open_regular(path, "model file") as fh:
         proto, preloaded = _parse_split(fh, str(path))
     return proto, path.resolve().parent, preloaded
 
@@ -90,8 +101,9 @@ def _parse_split(src: BinaryIO, where: str) -> tuple[onnx.ModelProto, dict[int, 
         spans = []
     proto = _parse(stripped, where) if spans else None
     if proto is None or len(proto.graph.initializer) != len(spans):
+        size = src.seek(0, io.SEEK_END)  # the read is bounded by the size the file had when opened
         src.seek(0)
-        return _parse(src.read(), where), {}
+        return _parse(src.read(size), where), {}
     preloaded = {}
     for i, (tensor, span) in enumerate(zip(proto.graph.initializer, spans)):
         if span is not None:
@@ -218,15 +230,16 @@ def _read_external_array(tensor: TensorProto, folder: Path | None) -> np.ndarray
     if sys.byteorder != "little" or dtype.isbuiltin != 1 or dtype.kind not in "biufc":
         return None
     path, offset, length = _external_location(tensor, folder)
-    count = int(np.prod(tensor.dims, dtype=np.int64))
+    count = _count(tensor)
     if length is not None and length != count * dtype.itemsize:
         raise ModelLoadError(
             f"tensor {tensor.name!r}: external data length {length} does not hold {count} {dtype.name} values"
         )
-    value = np.empty(count, dtype=dtype)
+    what = f"external data of tensor {tensor.name!r}"
+    fh, _ = read_region(path, offset, count * dtype.itemsize, what)  # the file is checked before allocating
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
+        with fh:
+            value = allocate(count, dtype, what)
             got = fh.readinto(value.data.cast("B")) if value.nbytes else 0
     except OSError as exc:
         raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
@@ -246,16 +259,38 @@ def _external_location(tensor: TensorProto, folder: Path | None) -> tuple[Path, 
             f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was "
             "given without a folder: load it from its path or pass base_dir="
         )
-    length = info.get("length")
-    return safe_external_path(folder, location, tensor.name), int(info.get("offset", 0)), None if length is None else int(length)
+    offset = _external_number(info, "offset", tensor.name)
+    length = _external_number(info, "length", tensor.name)
+    return safe_external_path(folder, location, tensor.name), offset or 0, length
+
+
+def _external_number(info: dict[str, str], key: str, tensor_name: str) -> int | None:
+    """An external-data ``offset`` or ``length`` entry as a non-negative int (None when absent)."""
+    text = info.get(key)
+    if text is None:
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ModelLoadError(f"tensor {tensor_name!r}: external data {key} {text!r} is not a non-negative integer")
+    return value
+
+
+def _count(tensor: TensorProto) -> int:
+    try:
+        return element_count(tensor.dims)
+    except ValueError as exc:
+        raise ModelLoadError(f"tensor {tensor.name!r}: {exc}") from exc
 
 
 def _with_external_data(tensor: TensorProto, folder: Path | None) -> TensorProto:
     path, offset, length = _external_location(tensor, folder)
+    fh, nbytes = read_region(path, offset, length, f"external data of tensor {tensor.name!r}")
     try:
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            data = fh.read(length if length is not None else -1)
+        with fh:
+            data = fh.read(nbytes)
     except OSError as exc:
         raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
     loaded = TensorProto()
@@ -270,8 +305,13 @@ def safe_external_path(folder: Path, location: str, tensor_name: str) -> Path:
     """``location`` resolved inside ``folder``; refuses paths that leave it."""
     if not location:
         raise ModelLoadError(f"tensor {tensor_name!r} declares external data without a location")
-    base = folder.resolve()
-    candidate = (base / location).resolve()
+    if "\0" in location:
+        raise ModelLoadError(f"tensor {tensor_name!r}: external data location {location!r} holds a NUL byte; refused")
+    try:
+        base = folder.resolve()
+        candidate = (base / location).resolve()
+    except (OSError, RuntimeError) as exc:  # RuntimeError: a symlink loop on older Pythons
+        raise ModelLoadError(f"tensor {tensor_name!r}: external data path {location!r} cannot be resolved: {exc}") from exc
     if os.path.isabs(location) or (candidate != base and base not in candidate.parents):
         raise ModelLoadError(
             f"tensor {tensor_name!r}: external data path {location!r} leaves the model's folder {str(base)!r}; refused"
@@ -280,14 +320,13 @@ def safe_external_path(folder: Path, location: str, tensor_name: str) -> Path:
 
 
 def _sparse_to_dense(sparse: onnx.SparseTensorProto, folder: Path | None) -> np.ndarray:
+    """The dense array of a sparse tensor; its shape, indices and values checked before anything is written."""
     values = tensor_to_array(sparse.values, folder)
-    indices = tensor_to_array(sparse.indices, folder).astype(np.int64)
-    dense = np.zeros(tuple(sparse.dims), dtype=values.dtype)
-    if indices.ndim == 1:
-        dense.reshape(-1)[indices] = values
-    else:
-        dense[tuple(indices.T)] = values
-    return dense
+    indices = tensor_to_array(sparse.indices, folder)
+    return sparse_to_dense(values, indices, tuple(sparse.dims), sparse.values.name)
+
+
+_ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
 
 
 def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
@@ -298,6 +337,8 @@ def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
     shape: tuple[Dim, ...] | None = None
     if tt.HasField("shape"):
         shape = tuple(_dim_from_proto(d) for d in tt.shape.dim)
+    if tt.elem_type not in _ELEM_TYPES:
+        raise ModelLoadError(f"unknown tensor element type {tt.elem_type}; onnx.TensorProto.DataType defines the known ones")
     try:
         return TensorType(onnx_dtype(tt.elem_type), shape)
     except (KeyError, ValueError, TypeError):
@@ -307,7 +348,8 @@ def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
 def _dim_from_proto(d: Any) -> Dim:
     kind = d.WhichOneof("value")
     if kind == "dim_value":
-        return int(d.dim_value)
+        # some exporters write -1 for a dynamic dim; onnxruntime reads any negative dim as unknown, so do we
+        return int(d.dim_value) if d.dim_value >= 0 else None
     if kind == "dim_param":
         return str(d.dim_param)
     return None
@@ -375,8 +417,13 @@ def _export_node(node: Node, opsets: dict[str, int]) -> onnx.NodeProto:
 
 
 def _schema_attr_types(node: Node, opsets: dict[str, int]) -> dict[str, int]:
+    return _attr_types(node.op_type, opsets.get(node.domain, 1), node.domain)
+
+
+@functools.lru_cache(maxsize=4096)  # inference exports every node: one schema lookup per op and opset
+def _attr_types(op_type: str, opset: int, domain: str) -> dict[str, int]:
     try:
-        schema = onnx.defs.get_schema(node.op_type, opsets.get(node.domain, 1), node.domain)
+        schema = onnx.defs.get_schema(op_type, opset, domain)
     except Exception:
         return {}
     return {name: int(a.type) for name, a in schema.attributes.items()}  # type: ignore[call-overload]  # pybind enum

@@ -34,11 +34,14 @@ def light_dir() -> Path:
 
 def model_path(name: str) -> str:
     """A model file path, or the name of a model shipped in the onnx wheel (``light_resnet50``)."""
-    if Path(name).exists():
-        return name
-    candidate = light_dir() / (name if name.endswith(".onnx") else f"{name}.onnx")
-    if candidate.exists():
-        return str(candidate)
+    try:
+        if Path(name).exists():
+            return name
+        candidate = light_dir() / (name if name.endswith(".onnx") else f"{name}.onnx")
+        if candidate.exists():
+            return str(candidate)
+    except (OSError, ValueError):  # a name too long for the file system, or with a NUL byte
+        pass
     shipped = ", ".join(LIGHT_MODELS)
     raise ModelLoadError(f"no model file {name!r}, and it is not one of the models shipped with onnx: {shipped}")
 
@@ -49,7 +52,7 @@ def randomized(model: onnx.ModelProto | str, seed: int = 0) -> onnx.ModelProto:
     Rank-1 weights (biases, batch-norm statistics) are drawn in [0.5, 1.5] so
     variances stay positive; others ~ N(0, 1/fan_in) so activations stay finite.
     """
-    proto = onnx.load(model_path(model)) if isinstance(model, str) else _copy(model)
+    proto = _read(model_path(model)) if isinstance(model, str) else _copy(model)
     rng = np.random.default_rng(seed)
     consts = {t.name: numpy_helper.to_array(t) for t in proto.graph.initializer}
     keep = []
@@ -79,6 +82,13 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
         return rng.uniform(0.5, 1.5, shape).astype(np.float32)
     fan_in = int(np.prod(shape[1:]))
     return (rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32)
+
+
+def _read(path: str) -> onnx.ModelProto:
+    """The ModelProto of a model file, read as minfer reads models (regular files only, errors as ModelLoadError)."""
+    from .onnx_io import read_model_proto
+
+    return read_model_proto(path)
 
 
 def _copy(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -52,10 +52,18 @@ def test_info_names_providers_and_missing_ops(tmp_path, capsys):
 
 
 def test_bad_model_path_is_a_clean_error(capsys):
-    """A missing model gives exit 1 and a one-line minfer error, no traceback."""
-    assert main(["run", "/nonexistent/model.onnx"]) == 1
+    """A missing model is a command-line mistake: exit 2 and a one-line minfer error, no traceback."""
+    assert main(["run", "/nonexistent/model.onnx"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("minfer: error: ModelLoadError") and "Traceback" not in err
+    assert err.startswith("minfer: error: no model file") and "Traceback" not in err
+
+
+def test_a_model_minfer_refuses_is_exit_1(tmp_path, capsys):
+    """A model file that exists but is not ONNX exits 1 with the ModelLoadError on one line."""
+    (tmp_path / "m.onnx").write_bytes(b"not a model")
+    assert main(["run", str(tmp_path / "m.onnx")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("minfer: error: ModelLoadError") and err.count("\n") == 1
 
 
 @pytest.mark.parametrize("argv", [[], ["--help"]])

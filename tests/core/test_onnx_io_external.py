@@ -65,7 +65,7 @@ def test_external_file_too_short_is_refused(tmp_path):
     values = np.ones((2, 3), np.float32)
     t = external(tmp_path, values, length=None)
     (tmp_path / "data.bin").write_bytes(values.tobytes()[:10])
-    with pytest.raises(ModelLoadError, match="ends after 10 of 24 bytes"):
+    with pytest.raises(ModelLoadError, match="holds 10 bytes, fewer than the 24"):
         tensor_to_array(t, tmp_path)
 
 
