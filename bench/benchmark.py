@@ -245,12 +245,20 @@ def summarize(rows: list[dict[str, Any]], batches: Sequence[int]) -> dict[str, A
 
 
 def blas_setting() -> str:
-    """The BLAS kernels numpy's GEMMs run, as far as the environment decides them (OPENBLAS_CORETYPE).
+    """Which kernels numpy's BLAS runs: threadpoolctl's ``architecture`` of each BLAS loaded, and the pin.
 
-    It pins this project's machines to OpenBLAS's Haswell (AVX2) kernels, about half onnxruntime's GEMM rate
-    on the same CPU (``python -m bench.ceiling``): a run's figures only compare with runs under the same setting.
+    The environment pins this project's machines to OpenBLAS's Haswell (AVX2) kernels for old OpenBLAS
+    builds (OPENBLAS_CORETYPE), about half onnxruntime's GEMM rate on their AVX-512 CPUs; users' machines
+    have no such pin. The benchmark command unsets it (README), and a run's figures compare only with runs
+    under the same setting.
     """
-    return os.environ.get("OPENBLAS_CORETYPE") or "OpenBLAS's own choice"
+    import numpy as np  # noqa: F401  (loads the BLAS threadpoolctl inspects)
+    from threadpoolctl import threadpool_info
+
+    archs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in threadpool_info()
+             if i.get("user_api") == "blas"]
+    pin = os.environ.get("OPENBLAS_CORETYPE")
+    return f"{', '.join(archs) or 'no BLAS found'} ({'OPENBLAS_CORETYPE=' + pin if pin else 'not pinned'})"
 
 
 def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict[str, float] | None,
@@ -279,7 +287,7 @@ def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict
         lines.append("onnxruntime's own speed-up over ReferenceEvaluator is below 50x on: "
                      + ", ".join(summary["ort_below_50x"]))
     if blas:
-        lines.append(f"numpy's BLAS kernels (OPENBLAS_CORETYPE): {blas}")
+        lines.append(f"numpy's BLAS (threadpoolctl): {blas}")
     if overhead:
         lines.append(
             f"run loop: {overhead['per_node_us']:.2f} us/node on a {overhead['nodes']}-node chain of tiny Adds, "

@@ -54,13 +54,16 @@ def _with_ref_over_ort(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def blas_of(path: str) -> str | None:
-    """The OPENBLAS_CORETYPE a run was measured under, when its file says (runs before session 5 do not)."""
+    """The BLAS kernels a run was measured under, when its file says (runs before session 5 do not).
+
+    Session 7 on: threadpoolctl's architecture and whether OPENBLAS_CORETYPE pinned it; before: the pin alone.
+    """
     text = Path(path).read_text()
     if path.endswith(".json"):
         data = json.loads(text)
         return data.get("settings", {}).get("openblas_coretype") if isinstance(data, dict) else None
     for line in text.splitlines():
-        if line.startswith("numpy's BLAS kernels (OPENBLAS_CORETYPE): "):
+        if line.startswith(("numpy's BLAS kernels (OPENBLAS_CORETYPE): ", "numpy's BLAS (threadpoolctl): ")):
             return line.split(": ", 1)[1].strip()
     return None
 

@@ -1,6 +1,7 @@
 """A benchmark run says which BLAS kernels numpy ran, and bench.combine will not mix runs of different ones."""
 
 import json
+import os
 
 import pytest
 
@@ -17,16 +18,20 @@ def _run(tmp_path, name, coretype, ratio):
     return str(path)
 
 
-def test_blas_setting_reads_the_environment(monkeypatch):
-    monkeypatch.setenv("OPENBLAS_CORETYPE", "Haswell")
-    assert benchmark.blas_setting() == "Haswell"
-    monkeypatch.delenv("OPENBLAS_CORETYPE")
-    assert benchmark.blas_setting() == "OpenBLAS's own choice"
+def test_blas_setting_names_threadpoolctls_architecture_and_the_pin():
+    """The run's BLAS line names the architecture threadpoolctl reports and whether the environment pinned it."""
+    from threadpoolctl import threadpool_info
+
+    text = benchmark.blas_setting()
+    archs = [i["architecture"] for i in threadpool_info() if i.get("user_api") == "blas" and i.get("architecture")]
+    assert archs and all(a in text for a in archs)
+    pin = os.environ.get("OPENBLAS_CORETYPE")  # read, never changed: tests run under the environment's setting
+    assert (f"OPENBLAS_CORETYPE={pin}" if pin else "not pinned") in text
 
 
 def test_the_markdown_table_names_the_blas_kernels_and_combine_reads_them_back(tmp_path):
     text = benchmark.markdown([ROW], {}, None, "SkylakeX")
-    assert "numpy's BLAS kernels (OPENBLAS_CORETYPE): SkylakeX" in text
+    assert "numpy's BLAS (threadpoolctl): SkylakeX" in text
     path = tmp_path / "run.md"
     path.write_text(text)
     assert combine.blas_of(str(path)) == "SkylakeX"
