@@ -53,7 +53,7 @@ def build_graph(
     results = optimize(graph, registry, passes, disabled_passes)
     # after the passes failures are recorded: the model was checked, and the run computes real shapes. A rewrite
     # keeps what a value name computes, so when every value already has a static type inference could only repeat it
-    failures = {} if _all_static(graph) else infer_types(graph, registry)
+    failures = {} if strict and _all_static(graph) else infer_types(graph, registry)
     # expansion continues into inlined bodies; a context-dependent body waits for its inputs' types
     while expand_functions(graph, registry, provider):
         failures = infer_types(graph, registry)

@@ -89,7 +89,7 @@ def _unchanged(stamp: Callable[[], Any], read: Callable[[], ModelBytes], what: s
 
     def get() -> ModelBytes:
         if stamp() != before:
-            raise UnsupportedOptionError(f"cannot pickle this session: {what} changed since the session was built; "
+            raise UnsupportedOptionError(f"cannot pickle this session: {what} was edited since the session was built; "
                                          f"build the session again (or from the model's bytes) before pickling it")
         return read()
 
