@@ -49,10 +49,30 @@ class Program:
         self.intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
         self.graph_outputs = frozenset(self.slots[n] for n in self.graph.outputs)
 
+    def check_outputs(self, i: int, results: Sequence[Any], expect: dict[int, TensorType]) -> None:
+        """Step ``i``'s results on a discovery run against the types inferred for them: a mismatch names the kernel."""
+        spec = self.specs[i]
+        for j, slot in enumerate(spec.outs):
+            why = _mismatch(results[j] if j < len(results) else None, expect.get(slot)) if slot else None
+            if why:
+                k = spec.kernel
+                raise KernelError(f"{self.step_nodes[i].label}: kernel {k.op_type}-{k.since} from plugin {k.plugin!r} "
+                                  f"returned {why} for output {self.step_nodes[i].outputs[j]!r}")
+
     def failure(self, failure: StepFailure) -> KernelError:
         """The KernelError naming the node of a failed step and its input shapes."""
         node, exc = self.step_nodes[failure.step], failure.__cause__
         return KernelError(f"{node.label} failed on input shapes {failure.shapes}: {type(exc).__name__}: {exc}")
+
+
+def _mismatch(value: Any, want: TensorType | None) -> str | None:
+    if not isinstance(value, (np.ndarray, np.generic)):
+        return f"{type(value).__name__}, not an array"
+    if want is None or (value.dtype == want.dtype and want.shape is None):
+        return None
+    shape_ok = want.shape is None or (len(want.shape) == value.ndim and all(
+        not isinstance(d, int) or d == g for d, g in zip(want.shape, value.shape)))
+    return None if value.dtype == want.dtype and shape_ok else f"{value.dtype}{list(value.shape)}, inferred {want}"
 
 
 def bind(graph: Graph, registry: Registry, provider: str) -> Program:

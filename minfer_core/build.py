@@ -77,12 +77,9 @@ def check_op_claims(graph: Graph, registry: Registry) -> None:
 
 
 def _all_static(graph: Graph) -> bool:
-    for node in graph.nodes:
-        for out in node.outputs:
-            t = graph.types.get(out) if out else None
-            if out and (t is None or not t.is_static or min(t.shape, default=0) < 0):  # type: ignore[arg-type]
-                return False
-    return next(graph.subgraphs(), None) is None
+    types = [graph.types.get(out) for node in graph.nodes for out in node.outputs if out]
+    static = all(t is not None and t.is_static and min(t.shape, default=0) >= 0 for t in types)  # type: ignore[arg-type]
+    return static and next(graph.subgraphs(), None) is None
 
 
 def _op_types(graph: Graph) -> set[tuple[str, str]]:

@@ -19,11 +19,10 @@ from .binding import Program, alias_sources, bind
 from .errors import BadFeedError
 from .executor import check_threads, select
 from .build import build_graph
-from .graph import Graph, Node
+from .graph import Graph
 from .kernel import DEFAULT_PROVIDER
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection
-from .plan import StepSpec
 from .plugins import Registry, active_registry, get_registry
 from .runloop import StepFailure
 from .sequential import SEQUENTIAL, Signature
@@ -97,28 +96,6 @@ class Engine:
         self._output_sources = alias_sources(self.program)
         self._slot_names = {slot: name for name, slot in self.program.slots.items()}
 
-    # ---- what build made (the executor's program) ----------------------------
-
-    @property
-    def slots(self) -> dict[str, int]:
-        return self.program.slots
-
-    @property
-    def specs(self) -> list[StepSpec]:
-        return self.program.specs
-
-    @property
-    def step_nodes(self) -> list[Node]:
-        return self.program.step_nodes
-
-    @property
-    def released(self) -> list[str]:
-        return self.program.released
-
-    @property
-    def observers(self) -> list[Any]:
-        return self.program.observers
-
     # ---- run -------------------------------------------------------------
 
     def run(
@@ -134,7 +111,7 @@ class Engine:
         for n in names:
             if n not in self.program.slots:
                 raise BadFeedError(f"unknown output {n!r}; the model's outputs are {self.graph.outputs}")
-        return self._run(names, feeds, intermediate, self.observers)
+        return self._run(names, feeds, intermediate, self.program.observers)
 
     def _run(self, names: list[str], feeds: Mapping[str, Any], intermediate: bool, observers: Sequence[Any]) -> Any:
         program = self.program
@@ -183,6 +160,9 @@ class Engine:
             if not isinstance(value, np.ndarray):
                 value = np.asarray(value)
             _check_feed(name, value, graph.types.get(name), bound)
+            if value.flags.writeable:  # kernels get the caller's array read-only: one writing into it fails, named
+                value = value.view()
+                value.flags.writeable = False
             vals[self.program.slots[name]] = value
             sig.append((value.shape, value.dtype))
         return tuple(sig)

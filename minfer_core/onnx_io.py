@@ -410,14 +410,10 @@ def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
 
 def _export_node(node: Node, opsets: dict[str, int]) -> onnx.NodeProto:
     proto = helper.make_node(node.op_type, node.inputs, node.outputs, name=node.name or None, domain=node.domain or None)
-    types = _schema_attr_types(node, opsets)
+    types = _attr_types(node.op_type, opsets.get(node.domain, 1), node.domain)
     for key, value in node.attrs.items():
         proto.attribute.append(_make_attribute(key, value, types.get(key), opsets))
     return proto
-
-
-def _schema_attr_types(node: Node, opsets: dict[str, int]) -> dict[str, int]:
-    return _attr_types(node.op_type, opsets.get(node.domain, 1), node.domain)
 
 
 @functools.lru_cache(maxsize=4096)  # inference exports every node: one schema lookup per op and opset

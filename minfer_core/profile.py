@@ -90,7 +90,7 @@ def profile_engine(engine: Any, feeds: Mapping[str, Any], path: str | os.PathLik
     """Run ``engine`` ``repeat`` times (after one unprofiled warm-up) with a TraceProfiler; write ``path``."""
     engine.run(None, feeds)  # plan this signature first, so the trace shows the steady state
     prof = TraceProfiler()
-    observers = list(engine.observers) + [prof]
+    observers = list(engine.program.observers) + [prof]
     names = list(engine.graph.outputs)
     for _ in range(max(1, repeat)):
         t0 = prof._now_us()

@@ -11,7 +11,7 @@ input shapes; the engine turns it into a KernelError naming the node.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -59,9 +59,11 @@ def execute_watching(
     nodes: Sequence[Node],
     observers: Sequence[Any],
     observed: dict[int, tuple[tuple[int, ...], np.dtype]] | None,
+    check: Callable[[int, Sequence[Any]], None] | None = None,
 ) -> list[frozenset[tuple[int, int]]]:
     """The observed loop; with ``observed``, the discovery loop that also records each output's
-    shape (into ``observed``) and which inputs it shares memory with (returned per step)."""
+    shape (into ``observed``) and which inputs it shares memory with (returned per step), after
+    ``check(step, results)`` (which raises for a result its kernel should not have returned)."""
     seen: list[frozenset[tuple[int, int]]] = []
     i = 0
     try:
@@ -75,6 +77,8 @@ def execute_watching(
             for ob in observers:
                 ob.on_node_end(node, results)
             if observed is not None:
+                if check is not None:
+                    check(i, results)
                 seen.append(shared_memory(results, args))
                 for slot, value in zip(outs, results):
                     if slot and isinstance(value, np.ndarray):

@@ -70,13 +70,15 @@ class PlanCache:
         run saw a view no earlier plan knew of (then every other plan was dropped as unsafe)."""
         p = self.program
         observed: dict[int, tuple[tuple[int, ...], np.dtype]] = {}
-        seen = execute_watching(vals, p.steps, p.step_nodes, observers, observed)
+        types = self.shape_types(sig)  # first: each kernel's results are checked against them as it returns
+        expect = {p.slots[n]: t for n, t in types.items() if n in p.slots}
+        seen = execute_watching(vals, p.steps, p.step_nodes, observers, observed,
+                                functools.partial(p.check_outputs, expect=expect))
         stale = any(new - old for new, old in zip(seen, self.aliases))
         self.aliases = [old | new for new, old in zip(seen, self.aliases)]
         if stale:
             for cache in (self.plans, self.bound, self.inputs):
                 cache.clear()
-        types = self.shape_types(sig)
         inp = PlanInput(p.specs, {p.slots[n]: t for n, t in types.items() if n in p.slots}, observed, self.aliases,
                         p.intermediate, p.graph_outputs, p.free_after)
         return inp, stale

@@ -176,7 +176,7 @@ class InferenceSession(Engine):
         self._build(model, opts, passes, threads, inter_op, engine_options)
         if self._profiler is not None:
             self._profiler.session_event("session_initialization", 0.0, (time.perf_counter() - start) * 1e6)
-            self.observers.append(self._profiler)
+            self.program.observers.append(self._profiler)
 
     def _build(self, model: Any, opts: SessionOptions, passes: PassSelection | None, threads: int | str | None,
                inter_op: str | None, engine_options: dict[str, Any]) -> None:
@@ -241,9 +241,9 @@ class InferenceSession(Engine):
         graph = self.graph
         if name in graph.inputs:
             return " (it is a model input)"
-        if name in graph.initializers or name in self.released:
+        if name in graph.initializers or name in self.program.released:
             return " (it is an initializer)"
-        if name in self.slots:
+        if name in self.program.slots:
             return " (it is an intermediate value: run(None, feeds, intermediate=True) returns those)"
         return ""
 
@@ -280,7 +280,7 @@ class InferenceSession(Engine):
         if prof is None:
             return ""
         self._profiler = None
-        self.observers.remove(prof)
+        self.program.observers.remove(prof)
         stamp = time.strftime("%Y-%m-%d_%H-%M-%S", time.localtime(self._profile_start_ns / 1e9))
         path = f"{self._options.profile_file_prefix}_{stamp}.json"
         with open(path, "w") as fh:

@@ -123,7 +123,7 @@ def test_fused_conv_copies_what_an_unpacking_base_kernel_needs():
     with use_plugins(_UnpackingConv()):
         sess = InferenceSession(g.copy(), passes=["shape_inference", "conv_residual_fusion"])
         assert [n.op_type for n in sess.graph.nodes] == ["FusedConv"]
-        assert len(sess.released) == 2
+        assert len(sess.program.released) == 2
         got = sess.run(None, random_feeds(g))
     np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-5)
 
@@ -236,6 +236,6 @@ def test_resnet50_residual_blocks_fuse():
     x = np.random.default_rng(8).standard_normal(g.types[g.inputs[0]].shape).astype(np.float32)
     want = InferenceSession(model, passes="none").run(None, {g.inputs[0]: x})
     sess = InferenceSession(to_model_proto(g), passes="none")
-    assert sess.released  # FusedConv packs its weights: the engine holds them once
+    assert sess.program.released  # FusedConv packs its weights: the engine holds them once
     for got, w in zip(sess.run(None, {g.inputs[0]: x}), want):
         np.testing.assert_allclose(got, w, rtol=1e-3, atol=1e-5)

@@ -212,7 +212,7 @@ def test_real_kernels_write_into_the_same_arena_buffers_each_run():
             sess.run(None, {"x": x})
     lo = sess.executor.plans.arena.__array_interface__["data"][0]
     hi = lo + sess.executor.plans.arena.nbytes
-    slot_names = {s: n for n, s in sess.slots.items()}
+    slot_names = {s: n for n, s in sess.program.slots.items()}
     # a view kernel's output (Flatten of an arena buffer) sits in the arena too, at its source's address
     views = {slot_names[sp.outs[0]] for sp in sess.specs if sp.kernel.views}
     backed = [n for n in addresses[1] if addresses[1][n] == addresses[2][n] and lo <= addresses[1][n] < hi
@@ -234,8 +234,8 @@ def test_weights_packed_by_every_reader_are_released(out_plugin):
     v = helper.make_tensor("v", TensorProto.FLOAT, [N], np.full(N, 3.0, np.float32).tolist())
     model = make_model(nodes, [tensor("x", [N, N])], [tensor("y", [N, N])], [w, v], extra_opsets=[ok.opset()])
     sess = InferenceSession(model)
-    assert sess.released == ["w"] and "v" in sess.graph.initializers
-    assert sess.graph.type_of("w").shape == (N,) and sess.program.template[sess.slots["w"]] is None
+    assert sess.program.released == ["w"] and "v" in sess.graph.initializers
+    assert sess.graph.type_of("w").shape == (N,) and sess.program.template[sess.program.slots["w"]] is None
     x = _feed(0)
     for _ in range(2):
         np.testing.assert_allclose(sess.run(None, {"x": x})[0], x * 12 + 3, rtol=1e-6)

@@ -261,12 +261,12 @@ def _two_branch_out_model():
 def _writes_into(sess: InferenceSession, node_name: str, value: str) -> bool:
     """Whether the node's planned ``out=`` is the arena buffer of ``value``."""
     sig = sess.executor.plans.last
-    step = sess.executor.plans.bound[sig][[n.name for n in sess.step_nodes].index(node_name)]
+    step = sess.executor.plans.bound[sig][[n.name for n in sess.program.step_nodes].index(node_name)]
     out = getattr(step[0], "keywords", {}).get("out")
     if out is None:
         return False
     offset = out.__array_interface__["data"][0] - sess.executor.plans.arena.__array_interface__["data"][0]
-    return offset == sess.executor.plans.plans[sig].buffers[sess.slots[value]][0]
+    return offset == sess.executor.plans.plans[sig].buffers[sess.program.slots[value]][0]
 
 
 def test_no_in_place_on_a_value_another_branch_reads(out_plugin):
@@ -294,7 +294,7 @@ def test_stage_buffers_never_share_bytes(out_plugin):
     (stage,) = sess.executor.stages[sig][0]
     touched = set()
     for i in range(stage.first, stage.last + 1):
-        spec = sess.specs[i]
+        spec = sess.program.specs[i]
         touched |= {s for s in spec.ins + spec.outs if s}
     plan = sess.executor.plans.plans[sig]
     spans = [(off, off + np.dtype(dt).itemsize * int(np.prod(shape))) for s, (off, shape, dt) in plan.buffers.items()
@@ -395,5 +395,5 @@ def test_the_profiler_sees_every_node_of_a_staged_session(tmp_path):
     want = sess.run(None, {"x": x})[0]
     trace = sess.profile({"x": x}, str(tmp_path / "t.json"), repeat=2)
     names = [e["name"] for e in trace["traceEvents"] if e.get("cat") == "Node"]
-    assert sorted(names) == sorted(2 * [n.name for n in sess.step_nodes])
+    assert sorted(names) == sorted(2 * [n.name for n in sess.program.step_nodes])
     np.testing.assert_array_equal(sess.run(None, {"x": x})[0], want)
