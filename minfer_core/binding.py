@@ -8,8 +8,6 @@ to drop after it)``. Slot 0 stays None: omitted optional inputs read it.
 
 from __future__ import annotations
 
-import functools
-import inspect
 from typing import Any, Callable, Sequence
 
 import attrs
@@ -117,7 +115,7 @@ def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel) ->
     ins = tuple(slots[n] if n else 0 for n in inputs)
     outs = tuple(slots[n] if n else 0 for n in node.outputs)
     try:
-        fn = _prepare(kern, node, graph)
+        fn = kern.prepared(KernelContext.of(node, graph), node.attrs)
     except MinferError:
         raise
     except Exception as exc:
@@ -182,44 +180,6 @@ def _packed_release_points(graph: Graph, order: Sequence[Node], kernels: Sequenc
 def opset(graph: Graph, node: Node) -> int:
     """The opset the model imports for the node's domain."""
     return graph.opsets.get(node.domain, 1)
-
-
-def _prepare(kern: Kernel, node: Node, graph: Graph) -> Callable[..., Any]:
-    attrs_ = _check_attributes(kern, node)
-    if kern.prepare:
-        ctx = KernelContext(
-            node_name=node.name,
-            op_type=node.op_type,
-            opset=opset(graph, node),
-            input_types=tuple(graph.type_of(n) if n else None for n in node.inputs),
-            output_types=tuple(graph.type_of(n) if n else None for n in node.outputs),
-            constants=tuple(graph.initializers.get(n) if n else None for n in node.inputs),
-            num_outputs=len(node.outputs),
-        )
-        return kern.fn(ctx, **attrs_)
-    return functools.partial(kern.fn, **attrs_) if attrs_ else kern.fn
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
-    params = inspect.signature(fn).parameters.values()
-    accepted = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
-    required = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty)
-    return accepted, required, any(p.kind is p.VAR_KEYWORD for p in params)
-
-
-def _check_attributes(kern: Kernel, node: Node) -> dict[str, Any]:
-    accepted, required, var_kw = _signature(kern.fn)
-    unknown = [a for a in node.attrs if a not in accepted]
-    if unknown and not var_kw:
-        raise KernelError(
-            f"{node.label} has attribute(s) {unknown} that kernel {kern.op_type}-{kern.since} from "
-            f"{kern.plugin} does not accept (it accepts {sorted(accepted)})"
-        )
-    absent = sorted(required - set(node.attrs))
-    if absent:
-        raise KernelError(f"{node.label} lacks required attribute(s) {absent}")
-    return dict(node.attrs)
 
 
 def _missing_message(graph: Graph, missing: list[Node], reg: Registry) -> str:

@@ -37,13 +37,15 @@ no hand-kept list can forget one).
 
 from __future__ import annotations
 
+import functools
 import inspect
 from types import ModuleType
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
 
+from .errors import KernelError
 from .tensor import TensorType
 
 DEFAULT_PROVIDER = "numpy"
@@ -90,6 +92,35 @@ class Kernel:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.fn(*args, **kwargs)
+
+    def prepared(self, ctx: KernelContext, attrs: Mapping[str, Any]) -> Callable[..., Any]:
+        """The run callable for one node: what the engine, constant folding and the testing kit all call.
+
+        ``attrs`` (the node's) are checked against the function's keyword-only
+        parameters (an unknown or missing required one is a KernelError naming
+        ``ctx``'s node); a preparing kernel gets ``ctx`` first::
+
+            fn = kern.prepared(KernelContext.of(node, graph), node.attrs)
+            outputs = fn(*inputs)
+        """
+        accepted, required, var_kw = _signature(self.fn)
+        where = f"node {ctx.node_name or '<unnamed>'!r} ({ctx.op_type})"
+        unknown = [a for a in attrs if a not in accepted]
+        if unknown and not var_kw:
+            raise KernelError(f"{where} has attribute(s) {unknown} that kernel {self.op_type}-{self.since} from "
+                              f"{self.plugin} does not accept (it accepts {sorted(accepted)})")
+        absent = sorted(required - set(attrs))
+        if absent:
+            raise KernelError(f"{where} lacks required attribute(s) {absent}")
+        return self.fn(ctx, **attrs) if self.prepare else (functools.partial(self.fn, **attrs) if attrs else self.fn)
+
+
+@functools.lru_cache(maxsize=None)
+def _signature(fn: Callable[..., Any]) -> tuple[frozenset[str], frozenset[str], bool]:
+    params = inspect.signature(fn).parameters.values()
+    accepted = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY)
+    required = frozenset(p.name for p in params if p.kind is p.KEYWORD_ONLY and p.default is p.empty)
+    return accepted, required, any(p.kind is p.VAR_KEYWORD for p in params)
 
 
 def kernel(
@@ -159,6 +190,14 @@ class KernelContext:
     output_types: tuple[TensorType | None, ...]
     constants: tuple[np.ndarray | None, ...]
     num_outputs: int
+
+    @classmethod
+    def of(cls, node: Any, graph: Any) -> KernelContext:
+        """The context of ``node`` in ``graph`` (a `Graph`): its types as inferred, its constant inputs."""
+        return cls(node.name, node.op_type, graph.opsets.get(node.domain, 1),
+                   tuple(graph.type_of(n) if n else None for n in node.inputs),
+                   tuple(graph.type_of(n) if n else None for n in node.outputs),
+                   tuple(graph.initializers.get(n) if n else None for n in node.inputs), len(node.outputs))
 
 
 InferFn = Callable[..., Sequence[TensorType | None]]

@@ -81,8 +81,6 @@ def assert_node_matches_onnxruntime(
 def call_kernel(kernels: Iterable[Kernel], op_type: str, opset: int, *inputs: Any, num_outputs: int = 1, **attrs: Any) -> Any:
     """Call the kernel of ``kernels`` the engine would pick at ``opset``, preparing it first when needed."""
     kern = max((k for k in kernels if k.op_type == op_type and k.since <= opset), key=lambda k: k.since)
-    if not kern.prepare:
-        return kern.fn(*inputs, **attrs)
     n = len(inputs)
     ctx = KernelContext("node", op_type, opset, (None,) * n, (None,) * num_outputs, (None,) * n, num_outputs)
-    return kern.fn(ctx, **attrs)(*inputs)
+    return kern.prepared(ctx, attrs)(*inputs)  # checked and prepared as the engine does

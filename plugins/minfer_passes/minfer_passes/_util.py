@@ -9,11 +9,11 @@ for its dtype. Graph rewrites themselves are the core's ``Graph`` methods.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 
-from minfer_core import Graph, KernelContext, Node, TensorType, get_registry
+from minfer_core import Graph, KernelContext, Node, get_registry
 
 FLOATS = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
 MINFER_DOMAIN = "ai.minfer"
@@ -91,28 +91,9 @@ def run_node(graph: Graph, node: Node, inputs: list[np.ndarray | None]) -> list[
     args = list(inputs)
     while args and args[-1] is None:
         args.pop()
-    fn = prepare(kern, node.op_type, opset(graph, node.domain), dict(node.attrs), args, len(node.outputs), node.name)
+    fn = kern.prepared(KernelContext.of(node, graph), node.attrs)  # as the engine prepares it
     result = fn(*args)
     return list(result) if isinstance(result, (tuple, list)) else [result]
-
-
-def prepare(kern: Any, op_type: str, version: int, attrs: dict[str, Any], consts: list[np.ndarray | None],
-            num_outputs: int = 1, name: str = "", input_types: tuple[TensorType | None, ...] | None = None
-            ) -> Callable[..., Any]:
-    """The run-time callable of ``kern`` for one node, as the engine would build it."""
-    if not kern.prepare:
-        return functools.partial(kern.fn, **attrs) if attrs else kern.fn
-    types = input_types or tuple(None if c is None else TensorType(c.dtype, c.shape) for c in consts)
-    ctx = KernelContext(
-        node_name=name,
-        op_type=op_type,
-        opset=version,
-        input_types=types,
-        output_types=(None,) * num_outputs,
-        constants=tuple(consts),
-        num_outputs=num_outputs,
-    )
-    return kern.fn(ctx, **attrs)
 
 
 def fixpoint(step: Callable[[Graph], bool], limit: int = 10_000) -> Callable[[Graph], bool]:

@@ -33,9 +33,9 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from minfer_core import TensorType, get_registry, kernel, op, spmd
+from minfer_core import KernelContext, TensorType, get_registry, kernel, op, spmd
 
-from ._util import MINFER_DOMAIN, prepare
+from ._util import MINFER_DOMAIN
 
 BASE_OPS = {"FusedConv": "Conv", "FusedGemm": "Gemm", "FusedMatMul": "MatMul"}
 NEWEST = 10_000  # fused kernels use the newest kernel of their base op: Conv, Gemm-7+ and MatMul agree across versions
@@ -173,7 +173,9 @@ def _fused(base: str) -> Callable[..., Any]:
         for i in packed:
             if i < len(consts) and consts[i] is not None and not (inner.prepare and i in inner.packed):
                 consts[i] = held[i] = np.array(consts[i], copy=True)
-        fn = prepare(inner, base, NEWEST, attrs, consts, 1, ctx.node_name, tuple(ctx.input_types[:arity]))
+        inner_ctx = KernelContext(ctx.node_name, base, NEWEST, tuple(ctx.input_types[:arity]), (None,), tuple(consts), 1)
+        fn = inner.prepared(inner_ctx, attrs)
+        del inner_ctx
         del consts  # the closure below must not keep the originals (packed) alive
         writes_out = inner.out
         # a kernel that promised views=False never returns an input's memory: skip the overlap test
