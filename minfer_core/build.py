@@ -61,13 +61,13 @@ def build_graph(
 
 
 def check_types(graph: Graph, registry: Registry) -> None:
-    """Strict shape inference on the model as given, so an error names its node, not a pass; ``graph`` is left as it was."""
-    declared = dict(graph.types)
-    try:
-        infer_types(graph, registry, strict=True)
-    finally:
-        graph.types.clear()
-        graph.types.update(declared)
+    """Strict shape inference on the model as given, so an error names its node, not a pass.
+
+    The types it infers stay on the graph and ``graph.meta["inferred"]`` says
+    so: a pass that re-infers types need not repeat it before any rewrite.
+    """
+    infer_types(graph, registry, strict=True)
+    graph.meta["inferred"] = True
 
 
 def check_op_claims(graph: Graph, registry: Registry) -> None:

@@ -19,14 +19,14 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
-from minfer_core import KernelContext
+from minfer_core import KernelContext, kernels_in
 from minfer_core.testing.ops import assert_node_matches_onnxruntime, call_kernel
 from minfer_ops_basic import activation, cast, elementwise, linalg, logic, nn, recurrent, reduce
 
 ort = pytest.importorskip("onnxruntime")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent)
-KERNELS = [k for m in MODULES for k in m.KERNELS]
+KERNELS = kernels_in(*MODULES)
 
 
 def call(op_type, opset, *inputs, **attrs):

@@ -14,12 +14,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import TensorProto, helper
 
+from minfer_core import kernels_in
 from minfer_core.testing.ops import assert_node_matches_onnxruntime, call_kernel
 from minfer_ops_basic import generate, pad, shape
 
 ort = pytest.importorskip("onnxruntime")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-KERNELS = shape.KERNELS + generate.KERNELS + pad.KERNELS
+KERNELS = kernels_in(shape, generate, pad)
 
 
 def call(op_type, opset, *inputs, num_outputs=1, **attrs):

@@ -13,10 +13,10 @@ import onnx
 import pytest
 from onnx import helper
 
-from minfer_core import KernelContext
+from minfer_core import KernelContext, kernels_in
 from minfer_ops_basic import detection, generate, indexing, pad, shape, signal
 
-KERNELS = [k for m in (shape, indexing, generate, pad, signal, detection) for k in m.KERNELS]
+KERNELS = kernels_in(shape, indexing, generate, pad, signal, detection)
 
 
 def _schema_attributes(schema) -> dict:

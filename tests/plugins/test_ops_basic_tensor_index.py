@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from onnx import helper
 
+from minfer_core import kernels_in
 from minfer_core.testing.ops import assert_node_matches_onnxruntime
 from minfer_ops_basic import detection, indexing, signal
 
 ort = pytest.importorskip("onnxruntime")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-KERNELS = indexing.KERNELS + detection.KERNELS + signal.KERNELS
+KERNELS = kernels_in(indexing, detection, signal)
 
 
 def call(op_type, opset, *inputs, **attrs):

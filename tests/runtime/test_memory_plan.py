@@ -214,10 +214,10 @@ def test_real_kernels_write_into_the_same_arena_buffers_each_run():
     hi = lo + sess.executor.plans.arena.nbytes
     slot_names = {s: n for n, s in sess.program.slots.items()}
     # a view kernel's output (Flatten of an arena buffer) sits in the arena too, at its source's address
-    views = {slot_names[sp.outs[0]] for sp in sess.specs if sp.kernel.views}
+    views = {slot_names[sp.outs[0]] for sp in sess.program.specs if sp.kernel.views}
     backed = [n for n in addresses[1] if addresses[1][n] == addresses[2][n] and lo <= addresses[1][n] < hi
               and n not in views]
-    out_steps = [sp.outs[0] for sp in sess.specs if sp.kernel.out and sp.outs[0] not in sess.program.graph_outputs]
+    out_steps = [sp.outs[0] for sp in sess.program.specs if sp.kernel.out and sp.outs[0] not in sess.program.graph_outputs]
     assert out_steps, "no installed kernel declares out=True"
     assert sorted(backed) == sorted(slot_names[s] for s in out_steps)
 

@@ -84,7 +84,7 @@ def _mish(x: np.ndarray) -> np.ndarray:
     return out
 
 
-KERNELS: list = []
+KERNELS: list = []  # records made by factories below; kernels_in finds the decorated ones by themselves
 KERNELS += unary_kernels("Relu", _relu, 1, legacy=True, name="max(x, 0)", at=SPLIT_CHEAP)
 KERNELS += unary_kernels("Sigmoid", sigmoid, 1, legacy=True, name="1 / (1 + exp(-x))")
 KERNELS += unary_kernels("Tanh", np.tanh, 1, legacy=True, name="tanh")
@@ -343,9 +343,6 @@ def clip_1(x, *, consumed_inputs=None, max=None, min=None):  # noqa: A002
     return _clip(x, min, max)
 
 
-KERNELS += [elu, elu_1, selu, selu_1, celu, leaky_relu, leaky_relu_1, prelu, prelu_1]
-KERNELS += [hard_sigmoid, hard_sigmoid_1, thresholded_relu, shrink, swish, swiglu, gelu]
-KERNELS += [clip, clip_6, clip_1]
 
 
 # --- Softmax family ----------------------------------------------------------

@@ -119,7 +119,6 @@ def bit_cast(x, *, to):
     return x.view(_target(to))
 
 
-KERNELS: list = [cast_24, cast_19, cast_1, cast_like_24, cast_like_19, cast_like, bit_cast]
 
 
 # --- linear quantization -------------------------------------------------------
@@ -246,5 +245,3 @@ def dynamic_quantize_linear(x):
     return y.astype(np.uint8), np.asarray(scale, dtype=x.dtype), np.asarray(zp, dtype=np.uint8)
 
 
-KERNELS += [quantize_linear_23, quantize_linear_21, quantize_linear_19, quantize_linear_13, quantize_linear_10]
-KERNELS += [dequantize_linear_23, dequantize_linear_21, dequantize_linear_13, dequantize_linear_10, dynamic_quantize_linear]

@@ -162,4 +162,3 @@ def non_max_suppression(
     return np.asarray(rows, dtype=_INT64).reshape(-1, 3)
 
 
-KERNELS = [top_k_1, top_k_10, top_k_11, non_max_suppression]

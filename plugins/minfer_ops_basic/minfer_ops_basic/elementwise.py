@@ -317,7 +317,7 @@ _UNARY = {  # op_type: (since, fn)
     "Round": (11, np.round),  # numpy rounds half to even, as ONNX requires
 }
 
-KERNELS: list = []
+KERNELS: list = []  # records made by factories below; kernels_in finds the decorated ones by themselves
 for _op, _fn in _LEGACY_UNARY.items():
     KERNELS += unary_kernels(_op, _fn, 1, legacy=True, name=_fn.__name__, at=SPLIT_CHEAP if _op in CHEAP else SPLIT_COSTLY)
 for _op, (_since, _fn) in _UNARY.items():
@@ -425,7 +425,6 @@ def mod(a, b, *, fmod=0):
         return arr(np.mod(as_float(a), as_float(b)), a.dtype)
 
 
-KERNELS.append(mod)
 
 
 # --- variadic ----------------------------------------------------------------

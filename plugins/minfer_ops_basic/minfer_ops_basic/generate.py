@@ -144,14 +144,3 @@ def trilu(input, k=None, *, upper=1, out=None):
     return out
 
 
-KERNELS = [
-    constant_1,
-    constant_11,
-    constant_12,
-    constant_of_shape,
-    range_11,
-    range_27,
-    eye_like,
-    one_hot,
-    trilu,
-]

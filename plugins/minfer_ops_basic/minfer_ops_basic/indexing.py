@@ -267,22 +267,3 @@ def unique(X, *, axis=None, sorted=1):
     return y, first.astype(_INT64), inverse.astype(_INT64), counts.astype(_INT64)
 
 
-KERNELS = [
-    slice_1,
-    slice_10,
-    gather,
-    gather_elements,
-    gather_nd_11,
-    gather_nd_12,
-    scatter,
-    scatter_elements_11,
-    scatter_elements_16,
-    scatter_nd_11,
-    scatter_nd_16,
-    tensor_scatter,
-    where,
-    non_zero,
-    compress,
-    reverse_sequence,
-    unique,
-]

@@ -352,4 +352,3 @@ def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, 
     return arr(np.clip(np.rint(y), info.min, info.max), target)
 
 
-KERNELS: list = [matmul_1, gemm, gemm_1, einsum, det, matmul_integer, qlinear_matmul]

@@ -18,7 +18,7 @@ def _compare(fn: Callable[..., Any]) -> Callable[..., np.ndarray]:
     return run
 
 
-KERNELS: list = []
+KERNELS: list = []  # records made by factories below; kernels_in finds the decorated ones by themselves
 for _op, _fn in (("Equal", np.equal), ("Greater", np.greater), ("Less", np.less)):
     # a bool output never fits in a numeric input's buffer: no inplace
     KERNELS += binary_kernels(_op, _compare(_fn), consumed=False, inplace=False)
@@ -77,4 +77,3 @@ def is_inf(x, *, detect_negative=1, detect_positive=1):
     return out
 
 
-KERNELS += [not_, bitwise_not, bit_shift, is_nan, is_inf]

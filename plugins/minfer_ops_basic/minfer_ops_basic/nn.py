@@ -322,4 +322,3 @@ def attention_23(
     return _attention(q, k, v, attn_mask, past_key, past_value, None, a)
 
 
-KERNELS: list = [layer_normalization, rms_normalization, rotary_embedding, attention, attention_24, attention_23]

@@ -66,4 +66,3 @@ def pad_18(data, pads, constant_value=None, axes=None, *, mode="constant", out=N
     return _pad(data, pads, mode, constant_value, axes, out)
 
 
-KERNELS = [pad_1, pad_2, pad_11, pad_18]

@@ -222,4 +222,3 @@ def lstm_1(x, w, r, b=None, sequence_lens=None, initial_h=None, initial_c=None, 
                    activations=activations, clip=clip, direction=direction, input_forget=input_forget)  # fmt: skip
 
 
-KERNELS: list = [rnn, rnn_7, rnn_1, gru, gru_7, gru_3, gru_1, lstm, lstm_7, lstm_1]

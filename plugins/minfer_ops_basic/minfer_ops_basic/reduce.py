@@ -110,7 +110,7 @@ def _reduce_kernels(op_type: str, fn: Reducer, input_since: int) -> list:
     ]
 
 
-KERNELS: list = []
+KERNELS: list = []  # records made by factories below; kernels_in finds the decorated ones by themselves
 KERNELS += _reduce_kernels("ReduceSum", _sum, 13)
 KERNELS += _reduce_kernels("ReduceMean", _mean, 18)
 KERNELS += _reduce_kernels("ReduceMax", _max, 18)
@@ -162,7 +162,6 @@ def argmin_1(data, *, axis=0, keepdims=1):
     return _arg(np.argmin, data, axis, keepdims, 0)
 
 
-KERNELS += [argmax, argmax_1, argmin, argmin_1]
 
 
 # --- losses ------------------------------------------------------------------------
@@ -199,4 +198,3 @@ def softmax_cross_entropy_loss(scores, labels, weights=None, *, ignore_index=Non
     return _nll(log_prob, labels, weights, ignore_index, reduction), log_prob
 
 
-KERNELS += [negative_log_likelihood_loss, softmax_cross_entropy_loss]

@@ -324,32 +324,3 @@ def tile_6(input, repeats, *, out=None):
     return _tile(input, _ints(repeats), out)
 
 
-KERNELS = [
-    reshape_1,
-    reshape_5,
-    reshape_14,
-    flatten,
-    squeeze_1,
-    squeeze_13,
-    unsqueeze_1,
-    unsqueeze_13,
-    identity,
-    dropout_1,
-    dropout_6,
-    dropout_7,
-    dropout_10,
-    dropout_12,
-    transpose,
-    concat_1,
-    concat_4,
-    split_1,
-    split_2,
-    split_13,
-    split_18,
-    shape_1,
-    shape_15,
-    size,
-    expand,
-    tile_1,
-    tile_6,
-]

@@ -172,14 +172,3 @@ def mel_weight_matrix(num_mel_bins, dft_length, sample_rate, lower_edge_hertz, u
     return out.astype(minfer_core.onnx_dtype(output_datatype))
 
 
-KERNELS = [
-    cum_sum,
-    cum_prod,
-    dft_17,
-    dft_20,
-    stft,
-    hann_window,
-    hamming_window,
-    blackman_window,
-    mel_weight_matrix,
-]

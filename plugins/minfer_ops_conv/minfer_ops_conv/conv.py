@@ -384,4 +384,3 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     return spmd(run)
 
 
-KERNELS = [conv]

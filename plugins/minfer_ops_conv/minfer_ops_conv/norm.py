@@ -205,7 +205,3 @@ def lp_normalization(x, *, axis=-1, p=2):
     return y.astype(x.dtype, copy=False)
 
 
-KERNELS = [
-    batch_norm_1, batch_norm_6, batch_norm_7, batch_norm_9, batch_norm_14,
-    lrn, instance_norm_1, instance_norm_6, lp_normalization,
-]

@@ -620,10 +620,3 @@ def max_unpool(x, indices, output_shape=None, *, kernel_shape, pads=None, stride
     return _max_unpool(x, indices, output_shape, kernel_shape, pads, strides)
 
 
-KERNELS = [
-    max_unpool,
-    max_pool_1, max_pool_8, max_pool_10,
-    average_pool_1, average_pool_7, average_pool_10, average_pool_19,
-    lp_pool_1, lp_pool_2, lp_pool_18,
-    global_average_pool, global_max_pool, global_lp_pool_1, global_lp_pool_2,
-]

@@ -258,4 +258,3 @@ def upsample_9(x, scales, *, mode="nearest"):
     return _legacy(x, scales, _upsample_mode(mode))
 
 
-KERNELS = [resize_10, resize_11, resize_18, upsample_1, upsample_7, upsample_9]

@@ -189,4 +189,3 @@ def affine_grid(theta, size, *, align_corners=0):
     return grid.astype(theta.dtype)
 
 
-KERNELS = [affine_grid, depth_to_space_1, depth_to_space_11, space_to_depth_1, space_to_depth_28, grid_sample_16, grid_sample_20]

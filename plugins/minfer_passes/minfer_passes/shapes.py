@@ -16,7 +16,8 @@ from minfer_core import Graph, TensorType, get_registry, infer_types
 
 
 INFERRED = "minfer_passes.inferred"
-"""``graph.meta`` flag: this pass has inferred the whole graph once (declared value_info is not trusted before)."""
+"""``graph.meta`` flag: this pass has inferred the whole graph once (declared value_info is not trusted before).
+The core's strict build sets ``graph.meta["inferred"]`` after inferring every value itself: that counts too."""
 
 
 def shape_inference(graph: Graph) -> bool:
@@ -25,7 +26,8 @@ def shape_inference(graph: Graph) -> bool:
     made = [o for n in graph.nodes for o in n.outputs if o]
     live = set(graph.inputs) | set(graph.outputs) | set(made)
     graph.types = {k: v for k, v in graph.types.items() if k in live}
-    if graph.meta.get(INFERRED) and all(_static(graph.types.get(o)) for o in made):
+    inferred = graph.meta.get(INFERRED) or graph.meta.get("inferred")  # by this pass, or by the core's strict build
+    if inferred and all(_static(graph.types.get(o)) for o in made):
         # a rewrite keeps what a value name computes: once every value has a static type, inference
         # could only repeat it, and re-inferring every round would cost more than all the rewrites
         return graph.types != before
