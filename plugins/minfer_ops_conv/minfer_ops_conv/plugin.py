@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import conv, conv_transpose, deform, norm, pool, resize, roi, spatial
+from . import conv, conv_transpose, deform, norm, pool, quant, resize, roi, spatial
 
-MODULES = (conv, conv_transpose, deform, pool, norm, resize, roi, spatial)
+MODULES = (conv, conv_transpose, deform, pool, norm, quant, resize, roi, spatial)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
