@@ -55,10 +55,49 @@ def _to_e8m0(x: np.ndarray, dtype: np.dtype, saturate: int, round_mode: str) -> 
     return out.astype(dtype)
 
 
+_SPECIAL_TEXT = {"inf": "INF", "-inf": "-INF", "nan": "NaN"}  # the spellings onnxruntime writes
+
+
+def _number_text(v) -> str:
+    """One number as text: bools as 1/0, ints exactly, floats with 8 significant digits (onnxruntime's form)."""
+    if isinstance(v, (bool, np.bool_)):
+        return "1" if v else "0"
+    if isinstance(v, (int, np.integer)):
+        return str(int(v))
+    text = format(float(v), ".8g")
+    return _SPECIAL_TEXT.get(text, text)
+
+
+def _to_strings(x: np.ndarray) -> np.ndarray:
+    """Cast to STRING, element by element (ml_dtypes floats and ints widened first)."""
+    if is_exotic(x.dtype):
+        x = x.astype(np.float32 if "float" in x.dtype.name else np.int64)
+    out = np.empty(x.shape, dtype=object)
+    out.reshape(-1)[:] = [_number_text(v) for v in x.reshape(-1)]
+    return out
+
+
+def _from_strings(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Cast from STRING: decimal or scientific text, and INF/+INF/-INF/NaN in any case (Python's float reads them)."""
+    texts = [v.decode() if isinstance(v, bytes) else str(v) for v in x.reshape(-1)]
+    if dtype.kind in "iu":
+        # integer text stays exact (int64 beyond 2**53); other text goes through float, as ONNX leaves it undefined
+        values = np.array([int(t) if t.strip().lstrip("+-").isdigit() else int(float(t)) for t in texts], dtype=np.int64)
+    else:
+        values = np.array([float(t) for t in texts], dtype=np.float64)
+    if dtype == np.bool_:
+        return (values != 0).reshape(x.shape)
+    return cast(values.astype(np.float32) if is_exotic(dtype) else values, dtype).reshape(x.shape)
+
+
 def cast(x: np.ndarray, dtype: np.dtype, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
-    """x converted to dtype by the ONNX Cast rules (numbers only, no strings)."""
+    """x converted to dtype by the ONNX Cast rules, strings (object arrays) included."""
     if x.dtype == dtype:
         return x
+    if dtype == object:
+        return _to_strings(x)
+    if x.dtype == object:
+        return _from_strings(x, dtype)
     with np.errstate(all="ignore"):  # out-of-range float->int is undefined in ONNX, not an error
         if dtype.name.startswith("float8_e8m0"):
             return _to_e8m0(x, dtype, saturate, round_mode)
@@ -71,7 +110,7 @@ def cast(x: np.ndarray, dtype: np.dtype, saturate: int = 1, round_mode: str = "u
 
 def _cast_into(x: np.ndarray, dtype: np.dtype, out: np.ndarray | None, saturate: int = 1, round_mode: str = "up") -> np.ndarray:
     """Cast into the planned buffer: a single converting copy for numpy's own types."""
-    if out is not None and not is_exotic(x.dtype) and not is_exotic(dtype):
+    if out is not None and not is_exotic(x.dtype) and not is_exotic(dtype) and object not in (x.dtype, dtype):
         np.copyto(out, x, casting="unsafe")
         return out
     return into(out, cast(x, dtype, saturate, round_mode))

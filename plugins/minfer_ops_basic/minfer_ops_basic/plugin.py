@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, recurrent, reduce, shape, signal
+from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, random, recurrent, reduce, shape, signal, strings
 
-MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection)
+MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection, random, strings)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
