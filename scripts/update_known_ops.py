@@ -16,7 +16,7 @@ from pathlib import Path
 from minfer_core.plugins import get_registry
 from minfer_core.provides import ENTRY_POINT_GROUP, provides_file
 
-FIRST_PARTY = ("minfer-ops-basic", "minfer-ops-conv", "minfer-passes")
+FIRST_PARTY = ("minfer-ops-basic", "minfer-ops-conv", "minfer-ops-ml", "minfer-passes")
 
 
 def registered_ops() -> dict[str, list[str]]:

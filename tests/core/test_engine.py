@@ -111,7 +111,7 @@ def test_each_first_party_plugin_declares_what_it_registers():
     from minfer_core.provides import declared_ops
 
     registered = registered_ops()
-    assert set(registered) == {"minfer-ops-basic", "minfer-ops-conv", "minfer-passes"}
+    assert set(registered) == {"minfer-ops-basic", "minfer-ops-conv", "minfer-ops-ml", "minfer-passes"}
     for dist, ops in registered.items():
         assert sorted(declared_ops()[dist]) == ops, f"run scripts/update_known_ops.py ({provides_paths()[dist]} is stale)"
 

@@ -10,7 +10,7 @@ from onnx import helper
 
 from minfer_core import get_registry
 
-FIRST_PARTY = ("minfer-ops-basic", "minfer-ops-conv")
+FIRST_PARTY = ("minfer-ops-basic", "minfer-ops-conv", "minfer-ops-ml")
 
 
 def standard_kernels():
