@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import conv, conv_transpose, deform, norm, pool, quant, resize, roi, spatial
+from . import conv, conv_transpose, deform, norm, pool, qlinear, quant, resize, roi, spatial
 
-MODULES = (conv, conv_transpose, deform, pool, norm, quant, resize, roi, spatial)
+MODULES = (conv, conv_transpose, deform, pool, norm, quant, qlinear, resize, roi, spatial)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
 @hookimpl
 def register_ops(register):
     # the ops claimed are those this plugin has kernels for (minfer_provides.json declares the same list)
-    register(onnx_op(*sorted({k.op_type for k in KERNELS})))
+    register(onnx_op(*sorted({k.op_type for k in KERNELS if k.domain == ""})))
+    register(*qlinear.OPS)  # onnxruntime's com.microsoft ops: not in onnx.defs, so declared with their inference
 
 
 @hookimpl
