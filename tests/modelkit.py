@@ -136,3 +136,57 @@ def child_exit_code(pid: int, hang: str, timeout: float = 20.0) -> int:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
     pytest.fail(hang)
+
+
+def ints(rng: np.random.Generator, dtype: Any, shape: Any) -> np.ndarray:
+    """Uniform integers over the whole range of ``dtype``."""
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
+
+
+def quantized_by_onnxruntime(model: onnx.ModelProto, tmp_path: Any, kind: str, shape: Any = None,
+                             calibration: int = 3, **options: Any) -> onnx.ModelProto:
+    """``model`` through onnxruntime's quantizer: ``kind`` "dynamic" (quantize_dynamic), or "QOperator" / "QDQ"
+    (quantize_static, calibrated on ``calibration`` seeded random inputs of ``shape``); IR version set for onnxruntime."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
+
+    src, dst = tmp_path / "float.onnx", tmp_path / "quant.onnx"
+    onnx.save(model, src)
+    if kind == "dynamic":
+        quantize_dynamic(str(src), str(dst), **options)
+    else:
+        name, rng = model.graph.input[0].name, np.random.default_rng(1)
+        batches = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(calibration)])
+
+        class Reader(CalibrationDataReader):
+            def get_next(self) -> Any:
+                return next(batches, None)
+
+        quantize_static(str(src), str(dst), Reader(), quant_format=getattr(QuantFormat, kind), **options)
+    out = onnx.load(dst)
+    out.ir_version = ORT_IR_VERSION
+    return out
+
+
+def onnxruntime_levels(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """onnxruntime's first output with every graph optimization off, then all on (their spread is its own tolerance)."""
+    import onnxruntime as ort
+
+    outs = []
+    for level in [ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]:
+        opts = ort.SessionOptions()
+        opts.graph_optimization_level, opts.log_severity_level = level, 3
+        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+        outs.append(sess.run(None, feeds)[0])
+    return outs
+
+
+def assert_within_level_spread(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> None:
+    """minfer's first output differs from onnxruntime's by no more than onnxruntime's two optimization levels differ."""
+    from minfer_core import Engine
+
+    outs = onnxruntime_levels(model, feeds)
+    spread = float(np.abs(outs[0] - outs[1]).max())  # 0.0 for exact integer models: then minfer must match exactly
+    got = Engine(model).run(None, feeds)[0]
+    assert got.dtype == outs[0].dtype and got.shape == outs[0].shape
+    assert float(np.abs(got - outs[0]).max()) <= spread

@@ -8,6 +8,7 @@ from onnx import helper, numpy_helper
 
 from minfer_core import Engine
 from minfer_core.testing.ops import ORT_IR_VERSION, onnxruntime_outputs
+from modelkit import assert_within_level_spread, ints, quantized_by_onnxruntime
 
 pytest.importorskip("onnxruntime")
 
@@ -39,12 +40,6 @@ def assert_exact(model, feeds) -> None:
     got = Engine(model).run(None, feeds)[0]
     assert got.dtype == want.dtype and got.shape == want.shape, f"{got.dtype}{got.shape} vs {want.dtype}{want.shape}"
     np.testing.assert_array_equal(got, want)
-
-
-def ints(rng: np.random.Generator, dtype, shape) -> np.ndarray:
-    """Uniform integers over the whole range of ``dtype``."""
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
 
 
 def scale(rng: np.random.Generator, lo=0.002, hi=0.1) -> np.ndarray:
@@ -141,45 +136,6 @@ def test_qgemm_is_bit_exact(a_type, b_type, per_column, float_output):
     assert_exact(*model_of("QGemm", QGEMM, inputs, attrs, constant=("b", "b_scale", "b_zero_point", "c")))
 
 
-def quantized(model, tmp_path, shape, **options):
-    """``model`` through quantize_static in QOperator format, calibrated on three random inputs of ``shape``."""
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    name = model.graph.input[0].name
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(1)
-            self.feeds = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / "quant.onnx"
-    onnx.save(model, src)
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator, **options)
-    out = onnx.load(dst)
-    out.ir_version = ORT_IR_VERSION
-    return out
-
-
-def assert_within_level_spread(model, feeds) -> None:
-    """minfer's output differs from onnxruntime's by no more than onnxruntime's two optimization levels differ."""
-    import onnxruntime as ort
-
-    outs = []
-    for level in [ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level, opts.log_severity_level = level, 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        outs.append(sess.run(None, feeds)[0])
-    spread = float(np.abs(outs[0] - outs[1]).max())  # 0.0 for the models here: then minfer must match exactly
-    got = Engine(model).run(None, feeds)[0]
-    assert got.dtype == outs[0].dtype and got.shape == outs[0].shape
-    assert float(np.abs(got - outs[0]).max()) <= spread
-
-
 def small_cnn(head: str):
     """Float Conv-Relu-Conv, residual Add, Relu, GlobalAveragePool, and a Gemm or MatMul+Add head (opset 17)."""
     rng = np.random.default_rng(0)
@@ -212,7 +168,7 @@ def test_quantized_residual_cnn_matches_onnxruntime(tmp_path, head, activations,
     """A residual CNN quantized by quantize_static (QOperator: com.microsoft ops) runs within onnxruntime's level spread."""
     from onnxruntime.quantization import QuantType
 
-    model = quantized(small_cnn(head), tmp_path, (1, 3, 16, 16), per_channel=per_channel,
+    model = quantized_by_onnxruntime(small_cnn(head), tmp_path, "QOperator", (1, 3, 16, 16), per_channel=per_channel,
                       activation_type=QuantType[activations], weight_type=QuantType[weights])
     ms_ops = {n.op_type for n in model.graph.node if n.domain == "com.microsoft"}
     assert {"QLinearAdd", "QLinearGlobalAveragePool"} <= ms_ops and (head != "Gemm" or "QGemm" in ms_ops)
@@ -226,7 +182,7 @@ def test_quantized_light_models_match_onnxruntime(tmp_path, name):
 
     model = randomized(name)
     model.ir_version = ORT_IR_VERSION
-    model = quantized(model, tmp_path, (1, 3, 224, 224))
+    model = quantized_by_onnxruntime(model, tmp_path, "QOperator", (1, 3, 224, 224))
     assert any(n.domain == "com.microsoft" for n in model.graph.node)
     feeds = {model.graph.input[0].name: np.random.default_rng(2).standard_normal((1, 3, 224, 224)).astype(np.float32)}
     assert_within_level_spread(model, feeds)

@@ -10,6 +10,7 @@ from onnx import helper, numpy_helper
 
 from minfer_core import Engine
 from minfer_core.testing.ops import ORT_IR_VERSION, onnxruntime_outputs
+from modelkit import assert_within_level_spread, ints, quantized_by_onnxruntime
 
 pytest.importorskip("onnxruntime")
 
@@ -40,12 +41,6 @@ def assert_exact(model, feeds) -> np.ndarray:
     assert got.dtype == want.dtype and got.shape == want.shape, f"{got.dtype}{got.shape} vs {want.dtype}{want.shape}"
     np.testing.assert_array_equal(got, want)
     return got
-
-
-def ints(rng: np.random.Generator, dtype, shape) -> np.ndarray:
-    """Uniform integers over the whole range of ``dtype``."""
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
 
 
 @st.composite
@@ -161,49 +156,18 @@ def small_conv_model():
     return model
 
 
-def quantized(model, tmp_path, **options):
-    """``model`` through onnxruntime's quantize_static in QOperator format, calibrated on a few random inputs."""
-    import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            rng = np.random.default_rng(1)
-            self.feeds = iter([{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)])
-
-        def get_next(self):
-            return next(self.feeds, None)
-
-    src, dst = tmp_path / "float.onnx", tmp_path / "quant.onnx"
-    onnx.save(model, src)
-    quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QOperator, **options)
-    out = onnx.load(dst)
-    out.ir_version = ORT_IR_VERSION
-    return out
-
-
 @pytest.mark.parametrize("activations,weights,per_channel", [("QInt8", "QInt8", True), ("QUInt8", "QInt8", False),
                                                              ("QUInt8", "QUInt8", True)])
 def test_quantize_static_qoperator_model_matches_onnxruntime(tmp_path, activations, weights, per_channel):
     """A quantize_static QOperator model runs in minfer within the spread of onnxruntime's optimization levels."""
-    import onnxruntime as ort
     from onnxruntime.quantization import QuantType
 
-    model = quantized(small_conv_model(), tmp_path, per_channel=per_channel,
-                      activation_type=QuantType[activations], weight_type=QuantType[weights])
+    model = quantized_by_onnxruntime(small_conv_model(), tmp_path, "QOperator", (1, 3, 16, 16), calibration=4,
+                                     per_channel=per_channel, activation_type=QuantType[activations],
+                                     weight_type=QuantType[weights])
     assert "QLinearConv" in {n.op_type for n in model.graph.node}
     feeds = {"x": np.random.default_rng(2).standard_normal((1, 3, 16, 16)).astype(np.float32)}
-    levels = [ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]
-    outs = []
-    for level in levels:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level, opts.log_severity_level = level, 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        outs.append(sess.run(None, feeds)[0])
-    spread = float(np.abs(outs[0] - outs[1]).max())  # 0.0 for these models: then minfer must match exactly
-    got = Engine(model).run(None, feeds)[0]
-    assert got.dtype == outs[0].dtype and got.shape == outs[0].shape
-    assert float(np.abs(got - outs[0]).max()) <= spread
+    assert_within_level_spread(model, feeds)
 
 
 @pytest.mark.parametrize("op_type", ["ConvInteger", "QLinearConv"])

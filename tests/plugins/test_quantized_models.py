@@ -15,6 +15,7 @@ import pytest
 
 from minfer_core import Engine
 from minfer_core.testing.ops import ORT_IR_VERSION
+from modelkit import onnxruntime_levels, quantized_by_onnxruntime
 
 pytest.importorskip("onnxruntime")
 
@@ -22,6 +23,7 @@ pytest.importorskip("onnxruntime")
 # in another order than onnxruntime's MLAS: a few float32 ulps of the output's magnitude, never a quantization step.
 ULPS = 8
 KINDS = ["dynamic", "qdq", "qdq_per_channel"]
+
 
 
 def float_model(name: str) -> tuple[onnx.ModelProto, tuple[int, ...]]:
@@ -39,30 +41,13 @@ def float_model(name: str) -> tuple[onnx.ModelProto, tuple[int, ...]]:
 
 def quantized(model: onnx.ModelProto, shape: tuple[int, ...], kind: str, tmp_path) -> onnx.ModelProto:
     """``model`` through quantize_dynamic, or quantize_static (QDQ) calibrated on three random inputs of ``shape``."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_dynamic, quantize_static
-
     if kind == "qdq_per_channel" and model.opset_import[0].version < 13:
         # per-axis DequantizeLinear needs opset 13; the light models are opset 8/9
         model = onnx.version_converter.convert_version(model, 13)
         model.ir_version = ORT_IR_VERSION
-    src, dst = tmp_path / "float.onnx", tmp_path / "quant.onnx"
-    onnx.save(model, src)
     if kind == "dynamic":
-        quantize_dynamic(str(src), str(dst))
-    else:
-        name = model.graph.input[0].name
-        rng = np.random.default_rng(1)
-        batches = iter([{name: rng.standard_normal(shape).astype(np.float32)} for _ in range(3)])
-
-        class Reader(CalibrationDataReader):
-            def get_next(self):
-                return next(batches, None)
-
-        quantize_static(str(src), str(dst), Reader(), quant_format=QuantFormat.QDQ,
-                        per_channel=kind == "qdq_per_channel")
-    out = onnx.load(dst)
-    out.ir_version = ORT_IR_VERSION
-    return out
+        return quantized_by_onnxruntime(model, tmp_path, "dynamic")
+    return quantized_by_onnxruntime(model, tmp_path, "QDQ", shape, per_channel=kind == "qdq_per_channel")
 
 
 def assert_quantized_as(model: onnx.ModelProto, kind: str) -> None:
@@ -76,19 +61,6 @@ def assert_quantized_as(model: onnx.ModelProto, kind: str) -> None:
     per_axis = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[1] in inits
                 and len(inits[n.input[1]].dims) == 1 and inits[n.input[1]].dims[0] > 1]
     assert bool(per_axis) == (kind == "qdq_per_channel")
-
-
-def onnxruntime_levels(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    """onnxruntime's first output with every graph optimization off, then all on."""
-    import onnxruntime as ort
-
-    outs = []
-    for level in [ort.GraphOptimizationLevel.ORT_DISABLE_ALL, ort.GraphOptimizationLevel.ORT_ENABLE_ALL]:
-        opts = ort.SessionOptions()
-        opts.graph_optimization_level, opts.log_severity_level = level, 3
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-        outs.append(sess.run(None, feeds)[0])
-    return outs
 
 
 CASES = [pytest.param(name, kind, id=f"{name}-{kind}") for name in ["light_squeezenet", "transformer"] for kind in KINDS]
