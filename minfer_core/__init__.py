@@ -27,37 +27,27 @@ from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, kernels_in, onnx_op, op, same_as_input
 from .parallel import intra_op_threads, parallel_for, spmd, using_pool
 from .workspace import release_scratch, scratch, scratch_bytes
-from .tensor import Dim, Tensor, TensorType
+from .tensor import Dim, OptionalType, SequenceType, Tensor, TensorType
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "Graph": "graph",
-    "Node": "graph",
-    "InferenceSession": "session",
-    "SessionOptions": "session",
-    "RunOptions": "session",
-    "GraphOptimizationLevel": "session",
-    "ExecutionMode": "session",
-    "ModelMetadata": "session",
-    "get_available_providers": "session",
-    "get_device": "session",
-    "Engine": "engine",
-    "Executor": "executor",
-    "Program": "binding",
-    "SequentialExecutor": "sequential",
-    "Stage": "plan",
-    "StepFailure": "runloop",
-    "load_model": "onnx_io",
-    "save_model": "onnx_io",
-    "to_model_proto": "onnx_io",
-    "use_plugins": "plugins",
-    "get_registry": "plugins",
-    "Pass": "passes",
-    "PassResult": "passes",
-    "onnx_dtype": "onnx_io",
-    "infer_types": "infer",
-}
+# the names each module behind the API provides, imported on first use (onnx and the engine are heavy)
+_LAZY = {name: module for module, names in {
+    "graph": "Graph Node",
+    "session": "InferenceSession SessionOptions RunOptions GraphOptimizationLevel ExecutionMode ModelMetadata "
+               "get_available_providers get_device",
+    "engine": "Engine subgraph_engine",
+    "executor": "Executor",
+    "binding": "Program",
+    "sequential": "SequentialExecutor",
+    "plan": "Stage",
+    "runloop": "StepFailure",
+    "onnx_io": "load_model save_model to_model_proto onnx_dtype",
+    "plugins": "use_plugins get_registry",
+    "passes": "Pass PassResult",
+    "infer": "infer_types",
+    "tuning": "choose prepare_node",
+}.items() for name in names.split()}
 
 
 def __getattr__(name: str) -> Any:
@@ -71,63 +61,14 @@ def __getattr__(name: str) -> Any:
     return value
 
 
-__all__ = [
-    "AmbiguousKernelError",
-    "BadFeedError",
-    "Dim",
-    "Engine",
-    "Executor",
-    "ExecutionMode",
-    "Graph",
-    "GraphOptimizationLevel",
-    "InferenceSession",
-    "InvalidGraphError",
-    "InvalidOutputError",
-    "Kernel",
-    "KernelContext",
-    "KernelError",
-    "MinferError",
-    "ModelLoadError",
-    "ModelMetadata",
-    "Node",
-    "OpDef",
-    "Pass",
-    "PassError",
-    "PassResult",
-    "PluginLoadError",
-    "Program",
-    "RegistrationError",
-    "RunOptions",
-    "SessionOptions",
-    "SequentialExecutor",
-    "ShapeInferenceError",
-    "Stage",
-    "StepFailure",
-    "Tensor",
-    "TensorType",
-    "UnsupportedOpError",
-    "UnsupportedOptionError",
-    "get_available_providers",
-    "get_device",
-    "get_registry",
-    "hookimpl",
-    "hookspec",
-    "infer_types",
-    "intra_op_threads",
-    "kernel",
-    "kernels_in",
-    "load_model",
-    "onnx_dtype",
-    "onnx_op",
-    "op",
-    "parallel_for",
-    "release_scratch",
-    "same_as_input",
-    "save_model",
-    "scratch",
-    "scratch_bytes",
-    "spmd",
-    "to_model_proto",
-    "use_plugins",
-    "using_pool",
-]
+# every eagerly imported name above, and every lazy one
+__all__ = sorted([
+    *"""
+    AmbiguousKernelError BadFeedError Dim InvalidGraphError InvalidOutputError Kernel KernelContext
+    KernelError MinferError ModelLoadError OptionalType OpDef PassError PluginLoadError
+    RegistrationError SequenceType ShapeInferenceError Tensor TensorType UnsupportedOpError
+    UnsupportedOptionError hookimpl hookspec intra_op_threads kernel kernels_in onnx_op op
+    parallel_for release_scratch same_as_input scratch scratch_bytes spmd using_pool
+    """.split(),
+    *_LAZY,
+])

@@ -14,12 +14,13 @@ import attrs
 import numpy as np
 
 from .errors import KernelError, MinferError, UnsupportedOpError
-from .graph import Graph, Node
+from .graph import Graph, Node, implicit_inputs
 from .kernel import Kernel, KernelContext
 from .plan import Step, StepSpec
 from .plugins import Registry, provider_hint
 from .runloop import StepFailure
-from .tensor import TensorType
+from .tensor import OptionalType, SequenceType, TensorType
+from .tuning import node_kernels, prepare
 
 
 @attrs.define
@@ -63,7 +64,14 @@ class Program:
         return KernelError(f"{node.label} failed on input shapes {failure.shapes}: {type(exc).__name__}: {exc}")
 
 
-def _mismatch(value: Any, want: TensorType | None) -> str | None:
+def _mismatch(value: Any, want: Any) -> str | None:
+    if isinstance(want, OptionalType):
+        return None if value is None else _mismatch(value, want.elem)
+    if isinstance(value, list) and (want is None or isinstance(want, SequenceType)):
+        elem = getattr(want, "elem", None)
+        return next((f"a sequence holding {why}" for v in value for why in [_mismatch(v, elem)] if why), None)
+    if isinstance(want, SequenceType):
+        return f"{type(value).__name__}, not a sequence (a list)"
     if not isinstance(value, (np.ndarray, np.generic)):
         return f"{type(value).__name__}, not an array"
     if want is None or (value.dtype == want.dtype and want.shape is None):
@@ -73,13 +81,17 @@ def _mismatch(value: Any, want: TensorType | None) -> str | None:
     return None if value.dtype == want.dtype and shape_ok else f"{value.dtype}{list(value.shape)}, inferred {want}"
 
 
-def bind(graph: Graph, registry: Registry, provider: str) -> Program:
-    """Select and prepare a kernel per node (in topological order) and lay the values out in slots."""
+def bind(graph: Graph, registry: Registry, provider: str, build: dict[str, Any] | None = None) -> Program:
+    """Select and prepare a kernel per node (in topological order) and lay the values out in slots.
+
+    ``build``: the Engine options a control-flow kernel builds its subgraphs with (`subgraph_engine`).
+    """
     order = graph.topological_order()
-    kernels = [registry.select_kernel(n.domain, n.op_type, opset(graph, n), provider) for n in order]
-    missing = [n for n, k in zip(order, kernels) if k is None]
+    found = [node_kernels(registry, KernelContext.of(n, graph), n.attrs, n.domain, provider) for n in order]
+    missing = [n for n, f in zip(order, found) if f is None]
     if missing:
         raise UnsupportedOpError(_missing_message(graph, missing, registry))
+    kernels = [f[0] for f in found]  # type: ignore[index]
     slots: dict[str, int] = {}
     template: list[Any] = [None]
     for name, value in graph.initializers.items():
@@ -91,13 +103,12 @@ def bind(graph: Graph, registry: Registry, provider: str) -> Program:
     release_after = _packed_release_points(graph, order, kernels)  # type: ignore[arg-type]
     released: list[str] = []
     specs: list[StepSpec] = []
-    for i, (node, kern) in enumerate(zip(order, kernels)):
+    for i, (node, (kern, candidates)) in enumerate(zip(order, found)):  # type: ignore[misc]
         for out in node.outputs:
             if out:
                 slots[out] = len(template)
                 template.append(None)
-        assert kern is not None
-        specs.append(_bind_node(graph, slots, node, kern))
+        specs.append(_bind_node(graph, slots, node, kern, candidates, build or {}))
         for name in release_after.get(i, ()):
             # every reader has packed its copy: drop the original now, so build never holds both in full
             value = graph.initializers.pop(name)
@@ -108,14 +119,16 @@ def bind(graph: Graph, registry: Registry, provider: str) -> Program:
                    list(registry.observers))
 
 
-def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel) -> StepSpec:
+def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel, candidates: list[Kernel],
+               build: dict[str, Any]) -> StepSpec:
+    ctx = KernelContext.of(node, graph, build)
     inputs = list(node.inputs)
-    while inputs and not inputs[-1]:
+    while inputs and not inputs[-1] and not ctx.outer:
         inputs.pop()
-    ins = tuple(slots[n] if n else 0 for n in inputs)
+    ins = tuple(slots[n] if n else 0 for n in [*inputs, *ctx.outer])
     outs = tuple(slots[n] if n else 0 for n in node.outputs)
     try:
-        fn = kern.prepared(KernelContext.of(node, graph), node.attrs)
+        fn = prepare(candidates, ctx, node.attrs)
     except MinferError:
         raise
     except Exception as exc:
@@ -129,7 +142,8 @@ def _liveness(graph: Graph, slots: dict[str, int], order: list[Node]) -> list[tu
     keep |= {slots[n] for n in graph.initializers}
     last: dict[int, int] = {}
     for i, node in enumerate(order):
-        for name in list(node.inputs) + list(node.outputs):
+        outer = implicit_inputs(node) if graph.holds_subgraphs(node) else ()
+        for name in [*node.inputs, *node.outputs, *outer]:
             if name:
                 last[slots[name]] = i
     for name in graph.inputs:

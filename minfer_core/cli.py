@@ -1,4 +1,4 @@
-"""The ``minfer`` command: run, info, plugins, coverage, and the pass commands.
+"""The ``minfer`` command: run, info, plugins; the pass, runtime and test-tooling commands join from their modules.
 
 Exit codes: 0 success; 1 the model was read but minfer refused or failed it
 (a `MinferError`); 2 a mistake on the command line (an unknown option, input
@@ -19,7 +19,7 @@ from typing import Any, NoReturn, Sequence
 import numpy as np
 
 from .errors import BadFeedError, MinferError, ModelLoadError
-from .zoo import model_path
+from .testing.zoo import model_path
 
 MAX_DIM = 2**31 - 1
 PASS_LEVELS = ("all", "extended", "basic", "none")
@@ -77,10 +77,6 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="a model's ops and which plugin provides each")
     info.add_argument("model")
     info.set_defaults(func=cmd_info)
-    cov = sub.add_parser("coverage", help="run onnx's node conformance cases and print the coverage table")
-    cov.add_argument("--op", action="append", default=[], help="only these op types")
-    cov.add_argument("--failures", action="store_true", help="also list each failing case")
-    cov.set_defaults(func=cmd_coverage)
     _add_optional_commands(sub)
     return parser
 
@@ -89,7 +85,7 @@ def _add_optional_commands(sub: Any) -> None:
     """Commands from other core modules, wired here so the CLI stays one parser."""
     import importlib
 
-    for module in ("minfer_core.cli_passes", "minfer_core.cli_runtime"):
+    for module in ("minfer_core.cli_passes", "minfer_core.cli_runtime", "minfer_core.testing.commands"):
         try:
             mod = importlib.import_module(module)
         except ImportError:
@@ -167,7 +163,7 @@ def load_npy(item: str, names: Sequence[str]) -> tuple[str, np.ndarray]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from .session import InferenceSession
-    from .zoo import randomized
+    from .testing.zoo import randomized
 
     model: Any = model_arg(args.model)
     if args.random_weights:
@@ -273,17 +269,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 # ---- coverage --------------------------------------------------------------
-
-
-def cmd_coverage(args: argparse.Namespace) -> int:
-    from .testing import conformance
-
-    cases = conformance.load_cases()
-    if args.op:
-        cases = [c for c in cases if c.op_type[1] in set(args.op)]
-    table = conformance.coverage(cases)
-    print(conformance.format_table(table, failures=args.failures))
-    return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

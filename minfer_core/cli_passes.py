@@ -1,4 +1,4 @@
-"""The pass commands of the ``minfer`` CLI: ``passes``, ``optimize`` and ``bisect-passes``.
+"""The pass commands of the ``minfer`` CLI: ``passes`` and ``optimize`` (``bisect-passes``: testing/commands.py).
 
 `add_commands` adds them to the CLI's subparsers; `minfer_core.cli` wires it.
 """
@@ -16,7 +16,7 @@ LEVELS = ("all", "extended", "basic", "none")
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``passes``, ``optimize`` and ``bisect-passes`` to an argparse subparsers object."""
+    """Add ``passes`` and ``optimize`` to an argparse subparsers object."""
     p = sub.add_parser("passes", help="list installed passes: plugin, level, ordering, tolerance")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("--level", default="all", choices=LEVELS, help="also print the order this level runs in (default all)")
@@ -29,13 +29,6 @@ def add_commands(sub: Any) -> None:
     o.add_argument("--portable", action="store_true", help="standard ONNX ops only: lower minfer's fused ops back")
     o.add_argument("--json", action="store_true", help="print the per-pass record as JSON")
     o.set_defaults(func=cmd_optimize)
-    b = sub.add_parser("bisect-passes", help="find the first pass application that moves outputs beyond its tolerance")
-    b.add_argument("model")
-    b.add_argument("--level", default="all", choices=LEVELS)
-    b.add_argument("--disable", action="append", default=[], metavar="NAME")
-    b.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
-    b.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE", help="size of a symbolic input dim")
-    b.set_defaults(func=cmd_bisect)
 
 
 # ---- passes ------------------------------------------------------------------
@@ -96,7 +89,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     from .pipeline import summarize
 
     graph = load_model(model_arg(args.model))
-    _check_pass_names(args.disable)
+    check_pass_names(args.disable)
     before = len(graph.nodes)
     results = optimize_graph(graph, args.level, args.disable, args.portable)
     save_model(graph, args.output)
@@ -111,7 +104,7 @@ def cmd_optimize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_pass_names(names: list[str]) -> None:
+def check_pass_names(names: list[str]) -> None:
     """``--disable NAME``: each NAME an installed pass (a typo would otherwise be ignored)."""
     from .cli import UsageError
     from .plugins import get_registry
@@ -120,24 +113,3 @@ def _check_pass_names(names: list[str]) -> None:
     for name in names:
         if name not in installed:
             raise UsageError(f"--disable {name!r}: no installed pass has that name (installed: {', '.join(installed)})")
-
-
-# ---- bisect-passes ----------------------------------------------------------
-
-
-def cmd_bisect(args: argparse.Namespace) -> int:
-    from .cli import model_arg, parse_dims
-    from .onnx_io import load_model
-    from .testing.bisect import bisect, bisect_feeds
-
-    graph = load_model(model_arg(args.model))
-    _check_pass_names(args.disable)
-    symbolic = {d for name in graph.inputs for d in (getattr(graph.types.get(name), "shape", None) or ()) if isinstance(d, str)}
-    dims = parse_dims(args.dim, sorted(symbolic))
-    found = bisect(graph, args.level, args.disable, bisect_feeds(graph, args.seed, dims))
-    if found is None:
-        print("every pass application kept the outputs within its tolerance")
-        return 0
-    result, why = found
-    print(f"first offending pass: {result.name} (round {result.round}): {why}")
-    return 1

@@ -1,4 +1,4 @@
-"""Runtime commands for the ``minfer`` CLI: ``run --profile``, ``profile`` and ``memory``.
+"""Runtime commands for the ``minfer`` CLI: ``run --profile``, ``profile``, ``memory`` and ``tune``.
 
 The benchmark is a checkout tool, ``python -m bench.benchmark`` (bench/README.md), not a
 command: it needs the repository's bench/ folder and onnxruntime, which a wheel has neither of.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 
 def add_commands(sub: Any) -> None:
-    """Add ``--profile`` to ``minfer run`` and the ``profile`` and ``memory`` commands."""
+    """Add ``--profile`` to ``minfer run`` and the ``profile``, ``memory`` and ``tune`` commands."""
     run = sub.choices.get("run")
     if run is not None:
         run.add_argument("--profile", metavar="TRACE.json", help="write a per-node Chrome trace of the runs")
@@ -26,6 +26,14 @@ def add_commands(sub: Any) -> None:
     mem.add_argument("--seed", type=int, default=0)
     mem.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy")
     mem.set_defaults(func=cmd_memory)
+    tune = sub.add_parser("tune", help="time the kernel and method choices for given input sizes; store them")
+    tune.add_argument("model")
+    tune.add_argument("--dim", action="append", default=[], metavar="NAME=SIZE[,SIZE...]",
+                      help="sizes of a symbolic dim: every combination runs once")
+    tune.add_argument("--passes", default="all", choices=("all", "extended", "basic", "none"))
+    tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy")
+    tune.set_defaults(func=cmd_tune)
 
 
 def _with_profile(original: Callable[[argparse.Namespace], int] | None) -> Callable[[argparse.Namespace], int]:
@@ -66,4 +74,25 @@ def cmd_memory(args: argparse.Namespace) -> int:
     for key, value in report.items():
         shown = f"{value / mib:.2f} MiB" if key.endswith("bytes") else value
         print(f"{key:>24}: {shown}")
+    return 0
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    """``minfer tune MODEL --dim N=1,8``: one run per combination of sizes, so its choices are made and stored."""
+    import itertools
+    import os
+
+    from .cli import UsageError, _feeds
+    from .tuning import TUNE_ENV, store
+
+    if os.environ.get(TUNE_ENV) == "0":
+        raise UsageError(f"{TUNE_ENV}=0 turns tuning off: unset it to tune")
+    sess, _ = _session_and_feeds(argparse.Namespace(**{**vars(args), "dim": []}))
+    dims = [(name, sizes.split(",")) for name, _, sizes in (d.partition("=") for d in args.dim)]
+    before = len(store().data)
+    for combo in itertools.product(*(sizes for _, sizes in dims)):
+        args.dim = [f"{name}={size}" for (name, _), size in zip(dims, combo)]
+        sess.run(None, _feeds(sess, args))
+        print(f"tuned {' '.join(args.dim) or 'the declared shapes'}")
+    print(f"{len(store().data) - before} new choice(s) stored in {store().path}")
     return 0

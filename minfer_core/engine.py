@@ -19,14 +19,14 @@ from .binding import Program, alias_sources, bind
 from .errors import BadFeedError
 from .executor import check_threads, select
 from .build import build_graph
-from .graph import Graph
-from .kernel import DEFAULT_PROVIDER
+from .graph import Graph, free_values
+from .kernel import DEFAULT_PROVIDER, KernelContext
 from .onnx_io import ModelSource, elem_type_of, load_model
 from .pipeline import PassSelection
 from .plugins import Registry, active_registry, get_registry
 from .runloop import StepFailure
 from .sequential import SEQUENTIAL, Signature
-from .tensor import TensorType
+from .tensor import OptionalType, SequenceType, TensorType
 
 
 @attrs.frozen
@@ -39,13 +39,20 @@ class NodeArg:
     dtype: Any = None
 
 
-def _node_arg(name: str, t: TensorType | None) -> NodeArg:
+def _node_arg(name: str, t: Any) -> NodeArg:
+    shape = list(t.shape) if isinstance(t, TensorType) and t.shape is not None else []
+    return NodeArg(name, _type_name(t), shape, getattr(t, "dtype", None))
+
+
+def _type_name(t: Any) -> str:
+    """onnxruntime's name of a type: "tensor(float)", "seq(tensor(int64))", "optional(tensor(float))"."""
+    if isinstance(t, (SequenceType, OptionalType)):
+        return f"{'seq' if isinstance(t, SequenceType) else 'optional'}({_type_name(t.elem)})"
     if t is None:
-        return NodeArg(name, "tensor(unknown)", [], None)
+        return "tensor(unknown)"
     from onnx import helper
 
-    type_name = helper.tensor_dtype_to_string(elem_type_of(t.dtype)).replace("TensorProto.", "").lower()
-    return NodeArg(name, f"tensor({type_name})", list(t.shape) if t.shape is not None else [], t.dtype)
+    return f"tensor({helper.tensor_dtype_to_string(elem_type_of(t.dtype)).replace('TensorProto.', '').lower()})"
 
 
 class Engine:
@@ -90,7 +97,10 @@ class Engine:
             self.pass_results, self.inference_failures = built.pass_results, built.inference_failures
             self.graph = graph
             self.provider = provider
-            self.program = bind(graph, self.registry, provider)
+            build = dict(passes=passes, disabled_passes=tuple(disabled_passes), registry=self.registry,
+                         provider=provider, threads=threads, strict=strict,
+                         parallel=None if chosen.name == "processes" else chosen.name)  # a subgraph forks no team
+            self.program = bind(graph, self.registry, provider, build)
         self.parallel = chosen.name
         self.executor = chosen.factory(self.program, {"threads": self.threads, "inter_op": inter_op})
         self._output_sources = alias_sources(self.program)
@@ -135,7 +145,7 @@ class Engine:
         the executor copied into memory of its own, which the next run overwrites.
         """
         value = vals[slot]
-        for source in self._output_sources.get(slot, ()):
+        for source in self._output_sources.get(slot, ()) if isinstance(value, np.ndarray) else ():
             name = self._slot_names[source]
             owner = feeds[name] if name in feeds else self.program.template[source]
             if owner is not None and np.may_share_memory(value, owner):
@@ -156,7 +166,11 @@ class Engine:
         sig = []
         bound: dict[str, tuple[str, int]] = {}
         for name in graph.inputs:
-            value = feeds[name]
+            value, declared = feeds[name], graph.types.get(name)
+            if isinstance(declared, (SequenceType, OptionalType)):  # a list, or None for an empty optional
+                vals[self.program.slots[name]] = value
+                sig.append((None, declared))
+                continue
             if not isinstance(value, np.ndarray):
                 value = np.asarray(value)
             _check_feed(name, value, graph.types.get(name), bound)
@@ -228,3 +242,21 @@ def _check_feed(name: str, value: np.ndarray, declared: TensorType | None, bound
 
 def _fmt(shape: Sequence[Any]) -> str:
     return "[" + ", ".join("?" if d is None else str(d) for d in shape) + "]"
+
+
+def subgraph_engine(ctx: KernelContext, body: Graph) -> Engine:
+    """An Engine for a control-flow node's subgraph ``body`` (an attribute value), built as its graph was.
+
+    The outer-scope values ``body`` reads become inputs after its own: run it
+    with feeds for both, ``engine.run(None, {**body_feeds, **outer_feeds})``.
+    Passes, inference, binding and a memory plan per input shape happen once,
+    as for the main graph.
+    """
+    graph = body.copy()
+    reads = free_values(graph)
+    for name, t in zip(ctx.outer, ctx.outer_types):
+        if name in reads:
+            graph.inputs.append(name)
+            if t is not None:
+                graph.types[name] = t
+    return Engine(graph, **ctx.build)

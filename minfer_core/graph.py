@@ -162,6 +162,10 @@ class Graph:
             found |= sub.op_types()
         return found
 
+    def holds_subgraphs(self, node: Node) -> bool:
+        """Whether ``node`` has a subgraph attribute (If, Loop, Scan)."""
+        return bool(_holds_graph(node))
+
     def subgraphs(self) -> Iterator[Graph]:
         """The graphs in the nodes' attributes (If branches, Loop and Scan bodies), one level deep."""
         for node in self.nodes:

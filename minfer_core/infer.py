@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 from .errors import ShapeInferenceError
 from .graph import Graph, Node
 from .kernel import OpDef
-from .onnx_io import _export_node, elem_type_of, type_from_proto
+from .onnx_io import _export_node, type_from_proto, type_to_proto
 from .plugins import Registry
 from .tensor import TensorType
 
@@ -105,6 +105,8 @@ def _reinfer(
 
 
 def _merge(declared: TensorType | None, inferred: TensorType) -> TensorType:
+    if not isinstance(declared, TensorType) or not isinstance(inferred, TensorType):
+        return inferred
     if declared is None or declared.shape is None or inferred.shape is None:
         return inferred if declared is None or declared.shape is None else declared
     if len(declared.shape) != len(inferred.shape):
@@ -129,7 +131,7 @@ def _infer_node(
         return [None] * len(node.outputs)
     schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
     proto = _export_node(node, graph.opsets)
-    types = {n: _type_proto(t) for n, t in zip(node.inputs, in_types) if n and t is not None}
+    types = {n: type_to_proto(t) for n, t in zip(node.inputs, in_types) if n and t is not None}
     data = {n: _small_proto(known[n], n) for n in node.inputs if n in known and known[n].size <= 1024}
     out = onnx.shape_inference.infer_node_outputs(schema, proto, types, data, opset_imports=_opset_ids(graph.opsets))
     return [type_from_proto(out[n]) if n in out else None for n in node.outputs]
@@ -168,11 +170,6 @@ def _custom_infer(node: Node, opdef: OpDef, in_types: list[TensorType | None]) -
             f"{node.label}: the infer= of op {opdef.op_type} from plugin {opdef.plugin!r} raised "
             f"{type(exc).__name__}: {exc} (input types {[str(t) if t else None for t in in_types]})"
         ) from exc
-
-
-def _type_proto(t: TensorType) -> onnx.TypeProto:
-    shape: Any = None if t.shape is None else list(t.shape)
-    return helper.make_tensor_type_proto(elem_type_of(t.dtype), shape)
 
 
 def _propagate_constant(

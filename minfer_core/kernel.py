@@ -46,6 +46,7 @@ import attrs
 import numpy as np
 
 from .errors import KernelError
+from .graph import implicit_inputs
 from .tensor import TensorType
 
 DEFAULT_PROVIDER = "numpy"
@@ -75,6 +76,8 @@ class Kernel:
     packed: tuple[int, ...] = attrs.field(default=(), converter=_int_tuple)
     # the run callable accepts ``epilogue=fn``: see docs/kernel-contract.md
     epilogue: bool = False
+    # ``applies(ctx, attrs) -> bool``: the nodes this kernel can compute (None: every node of its op)
+    applies: Callable[[KernelContext, Mapping[str, Any]], bool] | None = attrs.field(default=None, eq=False)
 
     @property
     def key(self) -> tuple[str, str, int, str]:
@@ -136,6 +139,7 @@ def kernel(
     views: bool | None = None,
     packed: Sequence[int] = (),
     epilogue: bool = False,
+    applies: Callable[[KernelContext, Mapping[str, Any]], bool] | None = None,
 ) -> Callable[[Callable[..., Any]], Kernel]:
     """Declare a function as the kernel of ``domain::op_type`` from opset ``since`` on.
 
@@ -144,6 +148,9 @@ def kernel(
     ``epilogue=True``: the run callable takes ``epilogue=fn`` and calls
     ``fn(y, region)`` on each finished part of its output (a fused op's
     residual and activation applied while that part is still in cache).
+    ``applies=fn``: ``fn(ctx, attrs)`` says at build whether this kernel can
+    compute a node (a depthwise-only Conv); where several apply, the core
+    times them per input shape (`minfer_core.tuning`), else priority decides.
     """
     if inplace and not out:
         raise ValueError(f"kernel {op_type}: inplace=... needs out=True (in-place means writing into out)")
@@ -153,7 +160,7 @@ def kernel(
     def wrap(fn: Callable[..., Any]) -> Kernel:
         return Kernel(
             op_type, fn, domain, since, provider, priority, prepare,
-            out=out, inplace=inplace, views=views, packed=packed, epilogue=epilogue,
+            out=out, inplace=inplace, views=views, packed=packed, epilogue=epilogue, applies=applies,
         )
 
     return wrap
@@ -190,14 +197,21 @@ class KernelContext:
     output_types: tuple[TensorType | None, ...]
     constants: tuple[np.ndarray | None, ...]
     num_outputs: int
+    # a node holding subgraphs (If, Loop, Scan): the outer-scope values they read, passed to the run callable
+    # after the node's own inputs (all of those, omitted ones as None), and how to build them (`subgraph_engine`)
+    outer: tuple[str, ...] = ()
+    outer_types: tuple[Any, ...] = ()
+    build: Mapping[str, Any] = attrs.field(factory=dict)
 
     @classmethod
-    def of(cls, node: Any, graph: Any) -> KernelContext:
+    def of(cls, node: Any, graph: Any, build: Mapping[str, Any] | None = None) -> KernelContext:
         """The context of ``node`` in ``graph`` (a `Graph`): its types as inferred, its constant inputs."""
+        outer = implicit_inputs(node) if graph.holds_subgraphs(node) else ()
         return cls(node.name, node.op_type, graph.opsets.get(node.domain, 1),
                    tuple(graph.type_of(n) if n else None for n in node.inputs),
                    tuple(graph.type_of(n) if n else None for n in node.outputs),
-                   tuple(graph.initializers.get(n) if n else None for n in node.inputs), len(node.outputs))
+                   tuple(graph.initializers.get(n) if n else None for n in node.inputs), len(node.outputs),
+                   outer, tuple(graph.type_of(n) for n in outer), dict(build or {}))
 
 
 InferFn = Callable[..., Sequence[TensorType | None]]

@@ -24,7 +24,7 @@ from .errors import ModelLoadError
 from .graph import Graph, Node
 from .rawdata import (WireFormatError, allocate, element_count, file_size, open_regular, read_payload, read_region,
                       sparse_to_dense, split_model)
-from .tensor import Dim, TensorType
+from .tensor import Dim, OptionalType, SequenceType, TensorType, ValueType
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
@@ -329,9 +329,14 @@ def _sparse_to_dense(sparse: onnx.SparseTensorProto, folder: Path | None) -> np.
 _ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
 
 
-def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
-    """A TensorType from a TypeProto; None for non-tensor or untyped values."""
-    if tp.WhichOneof("value") != "tensor_type" or not tp.tensor_type.elem_type:
+def type_from_proto(tp: onnx.TypeProto) -> ValueType | None:
+    """A TensorType, SequenceType or OptionalType from a TypeProto; None for other or untyped values."""
+    kind = tp.WhichOneof("value")
+    if kind in ("sequence_type", "optional_type"):
+        inner = getattr(tp, kind).elem_type
+        return (SequenceType if kind == "sequence_type" else OptionalType)(
+            type_from_proto(inner) if inner.WhichOneof("value") else None)
+    if kind != "tensor_type" or not tp.tensor_type.elem_type:
         return None
     tt = tp.tensor_type
     shape: tuple[Dim, ...] | None = None
@@ -343,6 +348,14 @@ def type_from_proto(tp: onnx.TypeProto) -> TensorType | None:
         return TensorType(onnx_dtype(tt.elem_type), shape)
     except (KeyError, ValueError, TypeError):
         return None
+
+
+def type_to_proto(t: ValueType) -> onnx.TypeProto:
+    """The TypeProto of a TensorType, SequenceType or OptionalType (an unknown element: an empty TypeProto)."""
+    if isinstance(t, TensorType):
+        return helper.make_tensor_type_proto(elem_type_of(t.dtype), None if t.shape is None else list(t.shape))
+    inner = onnx.TypeProto() if t.elem is None else type_to_proto(t.elem)
+    return helper.make_sequence_type_proto(inner) if isinstance(t, SequenceType) else helper.make_optional_type_proto(inner)
 
 
 def _dim_from_proto(d: Any) -> Dim:
@@ -402,10 +415,7 @@ def _export_graph(graph: Graph, opsets: dict[str, int]) -> onnx.GraphProto:
 
 def _value_info(graph: Graph, name: str) -> onnx.ValueInfoProto:
     t = graph.type_of(name)
-    if t is None:
-        return helper.make_empty_tensor_value_info(name)
-    shape = None if t.shape is None else list(t.shape)
-    return helper.make_tensor_value_info(name, elem_type_of(t.dtype), shape)
+    return helper.make_empty_tensor_value_info(name) if t is None else helper.make_value_info(name, type_to_proto(t))
 
 
 def _export_node(node: Node, opsets: dict[str, int]) -> onnx.NodeProto:

@@ -82,21 +82,29 @@ class Registry:
         claims = self.ops.get((domain, op_type), [])
         return self._decide(claims, domain, op_type, what="op") if claims else None
 
-    def select_kernel(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER) -> Kernel | None:
+    def select_kernel(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER,
+                      ctx: Any = None, attrs: Any = None) -> Kernel | None:
         """The kernel for ``op_type`` at ``opset``: the newest ``since`` <= opset, then the highest priority.
 
         The version comes first: a kernel written for an older version of an
         op whose semantics changed since (Softmax-1 vs 13) never runs a newer
-        model, whatever its priority. Equal priority from two plugins is an
-        AmbiguousKernelError unless a preference decides.
+        model, whatever its priority. A kernel declaring ``applies`` competes
+        only for a node it accepts (given as ``ctx`` and ``attrs``). Equal
+        priority from two plugins is an AmbiguousKernelError unless a preference decides.
         """
-        fitting = [k for k in self.kernels.get((domain, op_type), []) if k.provider == provider and k.since <= opset]
+        fitting = self.kernel_candidates(domain, op_type, opset, provider, ctx, attrs)
         if not fitting:
             return None
-        newest = max(k.since for k in fitting)
-        fitting = [k for k in fitting if k.since == newest]
-        top = max(k.priority for k in fitting)
-        return self._decide([k for k in fitting if k.priority == top], domain, op_type, what="kernel")
+        return self._decide([k for k in fitting if k.priority == fitting[0].priority], domain, op_type, what="kernel")
+
+    def kernel_candidates(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER,
+                          ctx: Any = None, attrs: Any = None) -> list[Kernel]:
+        """Every kernel able to compute the node at the newest fitting ``since``, highest priority first."""
+        fitting = [k for k in self.kernels.get((domain, op_type), []) if k.provider == provider and k.since <= opset]
+        newest = max((k.since for k in fitting), default=0)
+        fitting = [k for k in fitting if k.since == newest
+                   and (k.applies is None or (ctx is not None and k.applies(ctx, attrs or {})))]
+        return sorted(fitting, key=lambda k: -k.priority)
 
     def _decide(self, candidates: list[Any], domain: str, op_type: str, what: str) -> Any:
         plugins = sorted({str(c.plugin) for c in candidates})

@@ -60,7 +60,7 @@ class PlanCache:
         types = self.types.get(sig)
         if types is None:
             p = self.program
-            inputs = {n: TensorType(dt, shape) for n, (shape, dt) in zip(p.graph.inputs, sig)}
+            inputs = {n: dt if shape is None else TensorType(dt, shape) for n, (shape, dt) in zip(p.graph.inputs, sig)}
             types, self.inference_failures = infer_runtime(p.graph, p.registry, p.step_nodes, inputs)
             self.types[sig] = types
         return types

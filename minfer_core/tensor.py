@@ -53,6 +53,33 @@ class TensorType:
         return f"{self.dtype.name}[{dims}]"
 
 
+@attrs.frozen
+class SequenceType:
+    """A sequence of ``elem`` values (a TensorType, or None when unknown): at run time a Python list of arrays."""
+
+    elem: Any = None
+    shape = rank = nbytes = None  # no tensor shape: the memory planner leaves such values out of the arena
+    is_static = False
+
+    def __str__(self) -> str:
+        return f"seq({self.elem or '?'})"
+
+
+@attrs.frozen
+class OptionalType:
+    """An optional ``elem`` (a TensorType or SequenceType): at run time the value, or None when empty."""
+
+    elem: Any = None
+    shape = rank = nbytes = None
+    is_static = False
+
+    def __str__(self) -> str:
+        return f"optional({self.elem or '?'})"
+
+
+ValueType = Union[TensorType, SequenceType, OptionalType]
+
+
 @attrs.frozen(eq=False)
 class Tensor:
     """A numpy array with its TensorType; `view` reshapes without copying."""

@@ -123,7 +123,7 @@ def forbidden(external: dict[str, set[str]]) -> dict[str, set[str]]:
     """Per module, the outside packages it may not import (not stdlib, not `ALLOWED`)."""
     bad = {}
     for name, tops in external.items():
-        test_side = name.startswith(f"{PACKAGE}.testing") or name == f"{PACKAGE}.pytest_plugin"
+        test_side = name.startswith(f"{PACKAGE}.testing")
         allowed = ALLOWED | (TEST_TOOLS if test_side else set())
         extra = {t for t in tops if t not in sys.stdlib_module_names and t not in allowed and t != "__future__"}
         if extra:

@@ -67,7 +67,7 @@ def load_cases() -> list[Case]:
 
 def run_case(case: Case) -> None:
     """Run one case through minfer's backend; raises AssertionError on a mismatch."""
-    from .. import backend
+    from . import backend
 
     rep = backend.prepare(case.proto)
     for inputs, expected in case.data_sets:

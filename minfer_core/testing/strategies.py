@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from ..graph import Graph
 from ..tensor import TensorType
 from .builder import GraphBuilder
+from .control import if_motif, loop_motif
 
 # Two-input ops that do not broadcast elementwise (their shapes follow other rules).
 NOT_ELEMENTWISE = {"MatMul", "MatMulInteger", "QLinearMatMul", "PRelu", "GatherElements", "Gather", "Expand", "Tile"}
@@ -210,7 +211,8 @@ def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any]
     value or a broadcasting constant), any other registered float op whose
     inputs share one type (arity, attributes and the result's shape
     accepted by onnx's own inference for that schema: `inferred_shape`), or a
-    motif (Conv + BatchNormalization, pooling, transposes, identities). The
+    motif (Conv + BatchNormalization, pooling, transposes, identities, an
+    If or a Loop whose body reads the value: `control`). The
     inputs' declared dims are sometimes symbolic or unknown (`loosen`).
     """
     unary, binary = _registered(opset)
@@ -323,4 +325,6 @@ MOTIFS = [
     (_pool_same, ("MaxPool", "AveragePool")),
     (_transpose_pair, ("Transpose",)),
     (_identities, ("Identity", "Dropout", "Reshape")),
+    (if_motif, ("If", "ReduceMean", "Greater", "Add")),
+    (loop_motif, ("Loop", "Identity", "Add")),
 ]

@@ -1,4 +1,4 @@
-"""onnx's node conformance cases against minfer_core.backend.
+"""onnx's node conformance cases against minfer_core.testing.backend.
 
 Every case of an op that an installed plugin claims (or that runs through its
 ONNX function body) must pass, or be listed in expected_failures.txt with a

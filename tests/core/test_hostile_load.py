@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from modelkit import make_model, tensor
 from minfer_core import ModelLoadError, load_model
-from minfer_core.zoo import randomized
+from minfer_core.testing.zoo import randomized
 
 posix_only = pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs and /dev files are POSIX")
 

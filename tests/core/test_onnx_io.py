@@ -162,7 +162,7 @@ def test_value_info_and_symbolic_dims_are_kept():
 
 def test_export_round_trip_runs_in_onnxruntime():
     """Import then export gives a model onnxruntime runs with the same outputs."""
-    from minfer_core.zoo import randomized
+    from minfer_core.testing.zoo import randomized
 
     model = randomized("light_squeezenet")
     again = to_model_proto(load_model(model))

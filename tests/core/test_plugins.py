@@ -119,12 +119,32 @@ def test_equal_priority_kernels_are_ambiguous_until_preferred():
         assert InferenceSession(custom_model()).run(None, {"x": x})[0][0] == 30
 
 
-def test_higher_priority_kernel_overrides_on_purpose():
-    """A kernel with higher priority from another plugin wins without ambiguity."""
+def test_higher_priority_kernel_overrides_on_purpose(monkeypatch):
+    """Without timing (MINFER_TUNE=0), a kernel with higher priority from another plugin wins without ambiguity."""
+    monkeypatch.setenv("MINFER_TUNE", "0")
     x = np.ones(3, np.float32)
     with use_plugins(provider("base", 3), provider("fast", 3.0001, priority=10, claim=False)):
         got = InferenceSession(custom_model()).run(None, {"x": x})[0]
     assert got[0] == np.float32(3.0001)
+
+
+@pytest.mark.parametrize("faster", ["base", "fast"])
+def test_kernels_from_two_plugins_are_timed_and_the_faster_kept(monkeypatch, tmp_path, faster):
+    """With timing on, the core times both plugins' kernels on the first run and keeps the faster, whatever its priority."""
+    from minfer_core import tuning
+
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    factor = {"base": 3.0, "fast": 3.0001}
+
+    def seconds(fn, x, **kw):  # the measured time, faked: which kernel ran is seen in its result
+        return 1.0 if fn(x)[0] == np.float32(factor[faster]) else 2.0
+
+    monkeypatch.setattr(tuning, "seconds", seconds)
+    x = np.ones(3, np.float32)
+    with use_plugins(provider("base", 3), provider("fast", 3.0001, priority=10, claim=False)):
+        got = [InferenceSession(custom_model()).run(None, {"x": x})[0][0] for _ in range(2)]
+    assert got == [np.float32(factor[faster])] * 2
+    assert any(tmp_path.glob("tuning-*.json"))  # the choice persisted for later processes
 
 
 def test_in_code_plugin_lasts_only_for_the_block():

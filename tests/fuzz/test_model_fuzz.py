@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 import minfer_core
 from minfer_core import MinferError
 from minfer_core.testing.suite import suite_settings
-from minfer_core.zoo import model_path
+from minfer_core.testing.zoo import model_path
 
 from .mutations import mutate
 

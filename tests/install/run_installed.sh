@@ -70,7 +70,7 @@ fi
 checks "without pytest and hypothesis" minfer_core.testing minfer_contrib_example.passes
 step "without pytest and hypothesis: minfer bisect-passes on $MODEL with random weights"
 # the light models' placeholder weights (ConstantOfShape) give degenerate outputs that say nothing about a pass
-"$vpy" -c "import sys, onnx; from minfer_core.zoo import randomized; onnx.save(randomized(sys.argv[1]), 'model.onnx')" "$MODEL"
+"$vpy" -c "import sys, onnx; from minfer_core.testing.zoo import randomized; onnx.save(randomized(sys.argv[1]), 'model.onnx')" "$MODEL"
 "$minfer" bisect-passes model.onnx | tail -n 1 || fail "minfer bisect-passes on $MODEL with random weights"
 usage=$("$minfer" --help)
 if grep -qw bench <<< "$usage"; then
@@ -79,7 +79,7 @@ fi
 
 step "installing the example's test extra (pytest, hypothesis)"
 quiet_pip "$vpy" -m pip install --find-links "$work/dist" "minfer-contrib-example[test]"
-checks "with pytest and hypothesis" minfer_core.pytest_plugin minfer_core.testing.strategies
+checks "with pytest and hypothesis" minfer_core.testing.pytest_plugin minfer_core.testing.strategies
 step "pytest --minfer-passes=minfer-contrib-example"
 set +e
 "$vpy" -m pytest -q -p no:cacheprovider -rs --minfer-passes=minfer-contrib-example | tee suite.txt

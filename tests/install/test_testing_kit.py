@@ -21,7 +21,7 @@ def _noop(graph):
 
 def test_pytest_plugin_imports_nothing_heavy():
     """Importing the pytest11 plugin (every pytest run in the environment does) loads no hypothesis, onnx or engine."""
-    script = "import sys, minfer_core.pytest_plugin; print(' '.join(sorted(sys.modules)))"
+    script = "import sys, minfer_core.testing.pytest_plugin; print(' '.join(sorted(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     loaded = set(result.stdout.split())

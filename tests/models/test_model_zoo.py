@@ -8,8 +8,8 @@ import pytest
 
 from modelkit import ort_run
 from minfer_core import InferenceSession
-from minfer_core.backend import MinferBackend
-from minfer_core.zoo import LIGHT_MODELS, randomized
+from minfer_core.testing.backend import MinferBackend
+from minfer_core.testing.zoo import LIGHT_MODELS, randomized
 
 
 @pytest.mark.parametrize("name", LIGHT_MODELS)
@@ -29,7 +29,7 @@ def test_light_model_matches_onnxruntime(name, passes):
 
 
 # onnx's own model tests (test_resnet50_cpu, ...): the shipped light models with onnx's dummy inputs
-# and reference outputs, run through minfer_core.backend exactly as onnx runs any backend.
+# and reference outputs, run through minfer_core.testing.backend exactly as onnx runs any backend.
 _backend_test = onnx.backend.test.BackendTest(MinferBackend, __name__)
 _backend_test.include(r"^test_(bvlc_alexnet|densenet121|inception_v1|inception_v2|resnet50|shufflenet|squeezenet|vgg19|zfnet512)_cpu$")
 OnnxBackendRealModelTest = _backend_test.test_cases["OnnxBackendRealModelTest"]

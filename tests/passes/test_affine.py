@@ -144,7 +144,7 @@ def test_portable_expands_to_standard_ops_that_onnxruntime_runs(opset, conv):
 
 def test_densenet_keeps_no_batchnorm_nor_relu():
     """light_densenet121 under `all`: its 62 pre-activation BN + Relu pairs are 62 ChannelAffine nodes."""
-    from minfer_core.zoo import model_path
+    from minfer_core.testing.zoo import model_path
 
     graph = load_model(model_path("light_densenet121"))
     optimize_graph(graph, "all")

@@ -223,7 +223,7 @@ def test_residual_fusion_is_idempotent_and_portable_expands_to_conv_add_relu():
 
 def test_resnet50_residual_blocks_fuse():
     """On light_resnet50 under `all`: every Sum (+ Relu) joins a Conv; the model still matches its original."""
-    from minfer_core.zoo import model_path, randomized
+    from minfer_core.testing.zoo import model_path, randomized
 
     graph = load_model(model_path("light_resnet50"))
     optimize_graph(graph, "all")

@@ -9,7 +9,7 @@ import pytest
 
 from minfer_core import load_model, to_model_proto
 from minfer_core.cli_passes import STANDARD_DOMAINS, optimize_graph
-from minfer_core.zoo import LIGHT_MODELS, model_path, randomized
+from minfer_core.testing.zoo import LIGHT_MODELS, model_path, randomized
 
 # Node counts the `all` pipeline reaches on the shipped models (see plugins/minfer_passes/README.md); a regression shows here.
 EXPECTED_AT_MOST = {

@@ -375,7 +375,7 @@ def _detector_postprocess_model():
 
 def test_detector_postprocessing_graph_matches_onnxruntime_across_input_sizes():
     """Views, NMS, gathers and TopK chained with dynamic and data-dependent shapes agree with onnxruntime on every run."""
-    from minfer_core import backend
+    from minfer_core.testing import backend
 
     model = _detector_postprocess_model()
     rep = backend.prepare(model)

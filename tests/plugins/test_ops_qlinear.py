@@ -178,7 +178,7 @@ def test_quantized_residual_cnn_matches_onnxruntime(tmp_path, head, activations,
 @pytest.mark.parametrize("name", ["light_squeezenet", "light_resnet50"])
 def test_quantized_light_models_match_onnxruntime(tmp_path, name):
     """squeezenet (QLinearConcat, Softmax) and resnet50 (QGemm, AveragePool) quantized QOperator match onnxruntime."""
-    from minfer_core.zoo import randomized
+    from minfer_core.testing.zoo import randomized
 
     model = randomized(name)
     model.ir_version = ORT_IR_VERSION

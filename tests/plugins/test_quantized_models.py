@@ -42,7 +42,7 @@ def float_model(name: str) -> tuple[onnx.ModelProto, tuple[int, ...]]:
         from bench.models import transformer_block
 
         return transformer_block(1, seq=16, d=64, heads=4, ffn=128), (1, 16, 64)
-    from minfer_core.zoo import randomized
+    from minfer_core.testing.zoo import randomized
 
     model = randomized(name)
     model.ir_version = ORT_IR_VERSION

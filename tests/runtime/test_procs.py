@@ -95,7 +95,7 @@ def test_conv_methods_give_the_threads_result(case):
 
 
 def test_a_zoo_model_matches_threads_over_runs():
-    from minfer_core.zoo import model_path, randomized
+    from minfer_core.testing.zoo import model_path, randomized
 
     model = randomized(model_path("light_squeezenet"))  # shipped in the onnx wheel
     rng = np.random.default_rng(0)

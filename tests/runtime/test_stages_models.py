@@ -7,7 +7,7 @@ import pytest
 
 from modelkit import ort_run
 from minfer_core import InferenceSession
-from minfer_core.zoo import randomized
+from minfer_core.testing.zoo import randomized
 
 BRANCHY = ("inception_v1", "inception_v2", "squeezenet", "shufflenet", "resnet50")
 

@@ -5,7 +5,7 @@
 import os, sys, time
 import numpy as np, onnx, onnxruntime as ort
 from minfer_core import InferenceSession
-from minfer_core.zoo import randomized
+from minfer_core.testing.zoo import randomized
 
 name = sys.argv[1]; rounds = int(sys.argv[2]) if len(sys.argv) > 2 else 6
 model = randomized(name, seed=1)

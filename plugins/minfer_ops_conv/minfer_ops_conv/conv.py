@@ -333,7 +333,8 @@ TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
 def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None] | None = None) -> Plan:
     """The method for this weight and input geometry, chosen once per shape (by timing, when several apply)."""
     plans = candidates(w, p, channels)
-    return plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled)
+    key = f"conv|{w}|{p.out_channels}x{channels}/{p.group}"
+    return plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled, key)
 
 
 def _uses_winograd(plan: Plan) -> bool:

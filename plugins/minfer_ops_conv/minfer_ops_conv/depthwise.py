@@ -42,7 +42,7 @@ from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
-from minfer_core import intra_op_threads, parallel_for, release_scratch, scratch
+from minfer_core import choose, intra_op_threads, parallel_for, release_scratch, scratch
 
 from . import _geometry as geo
 from .depthwise_copies import Copies
@@ -268,7 +268,7 @@ class _Depthwise:
         return geometry
 
     def _choose(self, x: np.ndarray, p: Any, y: np.ndarray, work: np.dtype, threads: int) -> _Choice:
-        """The forced layout, else the quickest layout by its best of three runs (TUNE), else by plane size.
+        """The forced layout, else the quickest layout (TUNE: timed or as stored), else by plane size.
 
         With TRY_SPLIT, tuning also times each layout split over the threads and not, when there are fewer
         images than threads: whether splitting one image's channels pays depends on more than the
@@ -290,15 +290,15 @@ class _Depthwise:
             return choices[0]
         if TRY_SPLIT and 1 < threads and n < threads and self._macs(n, c) >= MIN_TRY_SPLIT_MACS:
             choices += [self._cut(ch.layout, n, c, work.itemsize, threads, split=ch.parts == 1) for ch in choices]
-        best, best_time = choices[0], float("inf")
-        # round-robin, so a burst of load from elsewhere on the machine hits every candidate alike
-        for choice in [ch for _ in range(3) for ch in choices]:
+        def seconds(i: int) -> float:
             start = time.perf_counter()
-            self._run(choice, x, p, y, None, None, work)
+            self._run(choices[i], x, p, y, None, None, work)
             # a split must win clearly: inside a model the other thread wakes up slower than here
-            took = (time.perf_counter() - start) * (SPLIT_HANDICAP if choice.parts > 1 else 1)
-            if took < best_time:
-                best, best_time = choice, took
+            return (time.perf_counter() - start) * (SPLIT_HANDICAP if choices[i].parts > 1 else 1)
+
+        # stored by the core (minfer_core.choose) per window and input: a later process skips the timing
+        names = [f"{ch.layout}/{ch.parts}/{len(ch.units)}" for ch in choices]
+        best = choices[choose(f"depthwise|{self._key}|n={n}|c={c}|{work}|threads={threads}", names, seconds)]
         # the losers' zero-bordered buffers (other layouts, other block sizes) would stay cached for nothing
         # (shufflenet b1: 4 MB)
         kept = {(best.layout, c1 - c0) for _, c0, c1 in best.units}

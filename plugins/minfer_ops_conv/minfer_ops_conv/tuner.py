@@ -1,4 +1,9 @@
-"""Choosing a conv method per input shape by timing the candidates on the first call."""
+"""Choosing a conv method per input shape by timing the candidates on the first call.
+
+The choice goes through the core's `minfer_core.choose`, keyed by the conv's geometry and input shape (not by
+model), so it persists in the user's cache: a later process, or another model with a conv of that shape, skips
+the timing. ``MINFER_TUNE=0`` (or ``MINFER_CONV_TUNE=0``) takes the first candidate.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +12,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minfer_core import intra_op_threads
+from minfer_core import choose, intra_op_threads
 
 Plan = Callable[..., None]  # conv.Plan: run(x, p, y, bias, epilogue)
-
-# the tuner times every distinct candidate this many times, round by round (a passing slowdown of this shared
-# machine then hits all of them alike), and keeps the best time of each. With two back-to-back runs per
-# candidate, re-timing resnet50 b1's tuned layers in steady state found choices up to 0.35 ms slower than the
-# best on single layers; the rounds make that rarer, they cannot rule it out while the other core comes and goes.
-TUNE_ROUNDS = 3
-
 
 def distinct(plans: list[Plan], x: np.ndarray, p: Any) -> list[Plan]:
     """The plans less those that would cut this input into the same tiles as an earlier plan of their method.
@@ -47,8 +45,9 @@ class Tuned:
     ``settled`` is called after each choice.
     """
 
-    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None) -> None:
+    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None, key: str = "conv") -> None:
         self.plans = plans
+        self.key = key  # the conv's geometry: with the input shape and thread count, what a stored choice is for
         self.choice: dict[int, Plan] = {}
         self.settled = settled
 
@@ -63,16 +62,16 @@ class Tuned:
 
     def _fastest(self, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None = None) -> Plan:
         plans = distinct(self.plans, x, p)
-        if len(plans) == 1:
-            return plans[0]
-        best = [float("inf")] * len(plans)
-        for _ in range(TUNE_ROUNDS):
-            for i, plan in enumerate(plans):
-                start = time.perf_counter()
-                plan(x, p, y, bias, None)
-                best[i] = min(best[i], time.perf_counter() - start)
-        return plans[best.index(min(best))]
+        names = [f"{self.plans.index(plan)}:{getattr(plan, '__qualname__', '?')}" for plan in plans]
+        key = f"{self.key}|x={x.shape}|{x.dtype}|threads={intra_op_threads()}"
+        return plans[choose(key, names, lambda i: _seconds(plans[i], x, p, y, bias))]
 
     @property
     def chosen(self) -> list[Plan]:
         return list(self.choice.values())
+
+
+def _seconds(plan: Plan, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None) -> float:
+    start = time.perf_counter()
+    plan(x, p, y, bias, None)
+    return time.perf_counter() - start

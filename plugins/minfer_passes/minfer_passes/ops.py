@@ -33,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from minfer_core import KernelContext, TensorType, get_registry, kernel, op, spmd
+from minfer_core import KernelContext, TensorType, get_registry, kernel, op, prepare_node, spmd
 
 from ._util import MINFER_DOMAIN
 
@@ -162,19 +162,22 @@ def _fused(base: str) -> Callable[..., Any]:
     arity, packed = ARITY[base], PACKED[base]
 
     def factory(ctx: Any, *, activation: str = "", activation_params: list[float] | None = None, **attrs: Any) -> Any:
-        inner = get_registry().select_kernel("", base, NEWEST)
-        if inner is None:
+        consts = list(ctx.constants[:arity])
+        inner_ctx = KernelContext(ctx.node_name, base, NEWEST, tuple(ctx.input_types[:arity]), (None,), tuple(consts), 1)
+        # the base op's kernel as the core picks it for this node: the highest priority that applies, or a timed
+        # choice among every installed plugin's kernels that apply (a numba depthwise conv and numpy's, say)
+        found = get_registry().kernel_candidates("", base, NEWEST, "numpy", inner_ctx, attrs)
+        if not found:
             raise LookupError(f"Fused{base} needs a kernel for {base}; none is installed")
         act = ACTIVATIONS[activation] if activation else None
         params = [float(v) for v in (activation_params or [])]
-        consts = list(ctx.constants[:arity])
         # a declared-packed constant the base kernel does not pack: hold a copy (the engine frees the original)
         held: dict[int, np.ndarray] = {}
         for i in packed:
-            if i < len(consts) and consts[i] is not None and not (inner.prepare and i in inner.packed):
+            if i < len(consts) and consts[i] is not None and not all(k.prepare and i in k.packed for k in found):
                 consts[i] = held[i] = np.array(consts[i], copy=True)
         inner_ctx = KernelContext(ctx.node_name, base, NEWEST, tuple(ctx.input_types[:arity]), (None,), tuple(consts), 1)
-        fn = inner.prepared(inner_ctx, attrs)
+        inner, fn = prepare_node(get_registry(), inner_ctx, attrs)  # type: ignore[misc]
         del inner_ctx
         del consts  # the closure below must not keep the originals (packed) alive
         writes_out = inner.out

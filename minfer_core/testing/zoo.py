@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .errors import ModelLoadError
+from ..errors import ModelLoadError
 
 LIGHT_MODELS = (
     "light_bvlc_alexnet",
@@ -86,7 +86,7 @@ def _draw(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
 
 def _read(path: str) -> onnx.ModelProto:
     """The ModelProto of a model file, read as minfer reads models (regular files only, errors as ModelLoadError)."""
-    from .onnx_io import read_model_proto
+    from ..onnx_io import read_model_proto
 
     return read_model_proto(path)
 

@@ -2,7 +2,7 @@
 
 This is what lets onnx's own conformance cases run against minfer::
 
-    rep = minfer_core.backend.prepare(model)
+    rep = minfer_core.testing.backend.prepare(model)
     outputs = rep.run([x])          # or rep.run({"x": x})
 """
 
@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx.backend.base import Backend, BackendRep, Device, DeviceType
 
-from .engine import Engine
+from ..engine import Engine
 
 
 class MinferRep(BackendRep):

@@ -1,0 +1,182 @@
+"""Choosing among ways to compute a node by timing them on its real inputs; choices persist across processes.
+
+Where several installed kernels apply to a node (``applies=``, any plugins),
+its step is a `Choice`: the first call with new input shapes times each on
+the real inputs and keeps the fastest. A plugin choosing among methods of
+its own (a conv's im2col or Winograd) calls `choose` too. Choices are kept
+by what was timed (op, attributes, shapes, threads, candidates) in
+``<MINFER_CACHE or ~/.cache/minfer>/tuning-<machine fingerprint>.json``: a
+later process, or another model with a node of that shape, skips the timing.
+``MINFER_TUNE=0`` takes the highest priority untimed (a deterministic first
+run); ``minfer tune MODEL --dim ...`` makes a deployment's choices ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from .kernel import Kernel, KernelContext
+from .parallel import intra_op_threads
+from .plugins import _pref_key
+
+TUNE_ENV = "MINFER_TUNE"
+ROUNDS = 2  # each candidate runs this many times, round by round, and keeps its best time
+
+
+def enabled() -> bool:
+    """Whether choices are made by timing (``MINFER_TUNE`` is not ``0``)."""
+    return os.environ.get(TUNE_ENV, "1") != "0"
+
+
+def fingerprint() -> str:
+    """This machine as its timings depend on it: CPU model and count, architecture, numpy and Python versions."""
+    cpu = platform.processor()
+    try:
+        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    raw = f"{platform.machine()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{sys.version_info[:2]}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+class ChoiceStore:
+    """The persisted choices of one machine: a JSON object, merged with the file on every write, written atomically."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.data, self._lock = path, self._read(path), threading.Lock()
+
+    def put(self, key: str, value: str) -> None:
+        with self._lock:
+            self.data = {**self._read(self.path), **self.data, key: value}  # keep what other processes stored
+            tmp = self.path.with_suffix(f".{os.getpid()}.tmp")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                tmp.write_text(json.dumps(self.data, indent=0, sort_keys=True))
+                os.replace(tmp, self.path)
+            except OSError as exc:  # a read-only home: the choice still holds in this process
+                warnings.warn(f"minfer could not store a tuning choice in {self.path}: {exc}", stacklevel=2)
+
+    @staticmethod
+    def _read(path: Path) -> dict[str, str]:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return data if isinstance(data, dict) else {}
+
+
+_STORES: dict[Path, ChoiceStore] = {}
+
+
+def store() -> ChoiceStore:
+    """The choice store of this machine in the cache folder (``MINFER_CACHE``, default ``~/.cache/minfer``)."""
+    folder = Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer")
+    path = folder / f"tuning-{fingerprint()}.json"
+    return _STORES.setdefault(path, ChoiceStore(path))
+
+
+def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> int:
+    """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored.
+
+    ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
+    its seconds. Without timing (one candidate, or ``MINFER_TUNE=0``) it is 0.
+    """
+    if len(names) < 2 or not enabled():
+        return 0
+    full = f"{key}|{','.join(names)}"
+    chosen = store().data.get(full)
+    if chosen in names:
+        return list(names).index(chosen)
+    best = [float("inf")] * len(names)
+    for _ in range(ROUNDS):
+        for i in range(len(names)):
+            best[i] = min(best[i], time_one(i))
+    win = best.index(min(best))
+    store().put(full, names[win])
+    return win
+
+
+def seconds(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
+    """How long one call of ``fn(*args, **kwargs)`` takes."""
+    start = time.perf_counter()
+    fn(*args, **kwargs)
+    return time.perf_counter() - start
+
+
+def _shape_key(args: Sequence[Any]) -> tuple[Any, ...]:
+    return tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else None for a in args)
+
+
+class Choice:
+    """A node's run callable over several kernels' prepared callables: per input shapes, the one `choose` picks.
+
+    Timing runs get no ``epilogue`` (it must be applied once), so only the
+    chosen candidate's call applies it.
+    """
+
+    def __init__(self, key: str, names: list[str], fns: list[Callable[..., Any]]) -> None:
+        self.key, self.names, self.fns = key, names, fns
+        self._chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        shapes = _shape_key(args)
+        fn = self._chosen.get(shapes)
+        if fn is None:
+            trial = {**kwargs, "epilogue": None} if "epilogue" in kwargs else kwargs
+            key = f"{self.key}|{shapes}|threads={intra_op_threads()}"
+            fn = self._chosen[shapes] = self.fns[choose(key, self.names, lambda i: seconds(self.fns[i], *args, **trial))]
+        return fn(*args, **kwargs)
+
+
+def node_kernels(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any], domain: str,
+                 provider: str) -> tuple[Kernel, list[Kernel]] | None:
+    """What a node's step declares, and the kernels it runs: the registry's choice alone, or timed candidates.
+
+    Candidates are the kernels that apply at the newest ``since`` and call
+    like the top-priority one (same ``out`` and ``epilogue``), unless a preference
+    (``MINFER_PREFER``) names the plugin for the op. With several,
+    the step declares what holds for all of them: never in place, views
+    unless every one promises none, packed only where every one packs.
+    None when no kernel can compute the node.
+    """
+    top = registry.select_kernel(domain, ctx.op_type, ctx.opset, provider, ctx, attributes)
+    if top is None:
+        return None
+    rest = [k for k in registry.kernel_candidates(domain, ctx.op_type, ctx.opset, provider, ctx, attributes)
+            if k is not top and (k.out, k.epilogue) == (top.out, top.epilogue)]
+    if not rest or not enabled() or _pref_key(domain, ctx.op_type) in registry.preferences:  # the user chose
+        return top, [top]
+    kernels = [top, *rest]
+    packed = set(top.packed).intersection(*(k.packed if k.prepare else () for k in rest))
+    declared = attrs.evolve(top, inplace=(), packed=tuple(sorted(packed)),
+                            views=False if all(k.views is False for k in kernels) else None)
+    return declared, kernels
+
+
+def prepare(kernels: Sequence[Kernel], ctx: KernelContext, attributes: Mapping[str, Any]) -> Callable[..., Any]:
+    """The run callable of a node over `node_kernels`' kernels: the one kernel's, or a `Choice` among them."""
+    if len(kernels) == 1:
+        return kernels[0].prepared(ctx, attributes)
+    consts = [None if c is None else c.shape for c in ctx.constants]
+    key = f"{kernels[0].domain}::{ctx.op_type}-{ctx.opset}|{sorted(attributes.items())}|consts={consts}"
+    names = [f"{k.plugin}:{k.fn.__module__}.{k.fn.__qualname__}" for k in kernels]
+    return Choice(key, names, [k.prepared(ctx, attributes) for k in kernels])
+
+
+def prepare_node(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any], domain: str = "",
+                 provider: str = "numpy") -> tuple[Kernel, Callable[..., Any]] | None:
+    """`node_kernels` then `prepare`: what a fused op's kernel uses to run its base op (``FusedConv``'s Conv)."""
+    found = node_kernels(registry, ctx, attributes, domain, provider)
+    return None if found is None else (found[0], prepare(found[1], ctx, attributes))
