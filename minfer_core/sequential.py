@@ -25,6 +25,7 @@ from .memory import align
 from .plan import Plan, PlanInput, Step, bind_buffers, build_plan
 from .runloop import execute, execute_watching
 from .tensor import TensorType
+from .tuning import STEADY
 from .workspace import scratch_bytes
 
 MAX_PLANS = 64  # input-shape signatures whose plans stay cached
@@ -144,7 +145,11 @@ class SequentialExecutor:
             if steps is None:
                 self.discover(sig, vals, observers)
             else:
-                self.run_bound(sig, vals, steps, observers)
+                steady = STEADY.set(True)  # no kernel times its candidates now: that is the first run's job
+                try:
+                    self.run_bound(sig, vals, steps, observers)
+                finally:
+                    STEADY.reset(steady)
             plans.last = sig
         finally:
             plans.lock.release()

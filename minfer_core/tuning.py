@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import warnings
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,6 +33,8 @@ from .parallel import intra_op_threads
 from .plugins import _pref_key
 
 TUNE_ENV = "MINFER_TUNE"
+# set by the executor around runs of a planned shape: timing happens in a shape's first run, never later
+STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
 ROUNDS = 2  # each candidate runs this many times, round by round, and keeps its best time
 
 
@@ -91,7 +94,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> 
     """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored.
 
     ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
-    its seconds. Without timing (one candidate, or ``MINFER_TUNE=0``) it is 0.
+    its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key
+    first met in a later run of a shape, as when the thread count changes) it is 0.
     """
     if len(names) < 2 or not enabled():
         return 0
@@ -99,6 +103,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> 
     chosen = store().data.get(full)
     if chosen in names:
         return list(names).index(chosen)
+    if STEADY.get():
+        return 0
     best = [float("inf")] * len(names)
     for _ in range(ROUNDS):
         for i in range(len(names)):

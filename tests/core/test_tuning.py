@@ -1,0 +1,117 @@
+"""The core's timed choices (minfer_core.tuning): made once, stored per machine, never in a later run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+from minfer_core import tuning
+from minfer_core.cli import main
+from modelkit import make_model, tensor
+
+
+@pytest.fixture(autouse=True)
+def cache(monkeypatch, tmp_path):
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.delenv("MINFER_TUNE", raising=False)
+    return tmp_path
+
+
+def fake_times(times):
+    """A time_one that reports ``times[i]`` for candidate i and records which it ran."""
+    ran = []
+
+    def time_one(i):
+        ran.append(i)
+        return times[i]
+
+    return time_one, ran
+
+
+def test_the_fastest_is_chosen_and_stored_for_a_later_process(cache):
+    """choose times every candidate, keeps the fastest, and a fresh process reads it back without timing."""
+    time_one, ran = fake_times([3.0, 1.0, 2.0])
+    assert tuning.choose("op|shape", ["a", "b", "c"], time_one) == 1
+    assert sorted(set(ran)) == [0, 1, 2]
+    stored = json.loads(next(cache.glob("tuning-*.json")).read_text())
+    assert stored == {"op|shape|a,b,c": "b"}
+    script = ("from minfer_core import tuning\n"
+              "print(tuning.choose('op|shape', ['a', 'b', 'c'], lambda i: 1 / 0))")  # timing would raise
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "1"
+
+
+def test_other_candidates_make_another_key():
+    """A stored choice applies only to the same candidates: a new plugin's kernel is timed against the others."""
+    tuning.choose("op", ["a", "b"], fake_times([1.0, 2.0])[0])
+    time_one, ran = fake_times([5.0, 5.0, 1.0])
+    assert tuning.choose("op", ["a", "b", "new"], time_one) == 2 and ran
+
+
+def test_no_timing_in_a_later_run_of_a_shape():
+    """A key first met during a planned run (the thread count changed) takes the first candidate untimed."""
+    time_one, ran = fake_times([2.0, 1.0])
+    token = tuning.STEADY.set(True)
+    try:
+        assert tuning.choose("later", ["a", "b"], time_one) == 0
+    finally:
+        tuning.STEADY.reset(token)
+    assert ran == []
+    assert tuning.choose("later", ["a", "b"], time_one) == 1  # the next first run times it
+
+
+def test_tuning_off_takes_the_first(monkeypatch, cache):
+    """MINFER_TUNE=0: the first candidate (the highest priority), nothing timed or stored."""
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    time_one, ran = fake_times([2.0, 1.0])
+    assert tuning.choose("off", ["a", "b"], time_one) == 0 and ran == []
+    assert not list(cache.glob("tuning-*.json"))
+
+
+def test_writes_merge_with_what_another_process_stored(cache):
+    """Two stores of one file (two processes) keep each other's choices."""
+    tuning.choose("first", ["a", "b"], fake_times([1.0, 2.0])[0])
+    path = next(cache.glob("tuning-*.json"))
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "other|a,b": "a"}))  # as another process would
+    tuning.choose("second", ["a", "b"], fake_times([2.0, 1.0])[0])
+    assert set(json.loads(path.read_text())) == {"first|a,b", "other|a,b", "second|a,b"}
+
+
+def test_an_unwritable_cache_warns_and_the_choice_holds(cache):
+    """A cache folder that cannot be written is a warning, not a failure; the process keeps its choice."""
+    blocker = cache / "file"
+    blocker.write_text("")
+    store = tuning.ChoiceStore(blocker / "tuning.json")  # its folder is a file
+    with pytest.warns(UserWarning, match="could not store"):
+        store.put("k", "v")
+    assert store.data["k"] == "v"
+
+
+def _dynamic_conv_model():
+    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    return make_model([node], [tensor("x", ["N", 4, 12, 12])], [tensor("y", None)], [numpy_helper.from_array(w, "w")])
+
+
+def test_minfer_tune_runs_every_combination_and_stores(cache, tmp_path, capsys):
+    """`minfer tune MODEL --dim N=1,2` runs each size once and reports where the choices went."""
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_dynamic_conv_model().SerializeToString())
+    assert main(["tune", str(path), "--dim", "N=1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "tuned N=1" in out and "tuned N=2" in out and str(cache) in out
+
+
+def test_minfer_tune_refuses_when_tuning_is_off(monkeypatch, tmp_path, capsys):
+    """MINFER_TUNE=0 and `minfer tune` contradict each other: a one-line error, exit 2."""
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_dynamic_conv_model().SerializeToString())
+    assert main(["tune", str(path)]) == 2
+    assert "MINFER_TUNE=0" in capsys.readouterr().err
