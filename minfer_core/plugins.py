@@ -99,12 +99,15 @@ class Registry:
 
     def kernel_candidates(self, domain: str, op_type: str, opset: int, provider: str = DEFAULT_PROVIDER,
                           ctx: Any = None, attrs: Any = None) -> list[Kernel]:
-        """Every kernel able to compute the node at the newest fitting ``since``, highest priority first."""
-        fitting = [k for k in self.kernels.get((domain, op_type), []) if k.provider == provider and k.since <= opset]
-        newest = max((k.since for k in fitting), default=0)
-        fitting = [k for k in fitting if k.since == newest
+        """The kernels accepting the node (``applies``), at the newest ``since`` <= opset of those; highest priority first.
+
+        A kernel that does not accept the node counts as not installed, so it
+        never hides an older kernel that does.
+        """
+        fitting = [k for k in self.kernels.get((domain, op_type), []) if k.provider == provider and k.since <= opset
                    and (k.applies is None or (ctx is not None and k.applies(ctx, attrs or {})))]
-        return sorted(fitting, key=lambda k: -k.priority)
+        newest = max((k.since for k in fitting), default=0)
+        return sorted((k for k in fitting if k.since == newest), key=lambda k: -k.priority)
 
     def _decide(self, candidates: list[Any], domain: str, op_type: str, what: str) -> Any:
         plugins = sorted({str(c.plugin) for c in candidates})
