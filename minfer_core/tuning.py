@@ -13,6 +13,7 @@ run); ``minfer tune MODEL --dim ...`` makes a deployment's choices ahead.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ def enabled() -> bool:
     return os.environ.get(TUNE_ENV, "1") != "0"
 
 
+@functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
     """This machine as its timings depend on it: CPU model and count, architecture, numpy and Python versions."""
     cpu = platform.processor()
