@@ -68,7 +68,9 @@ def _mismatch(value: Any, want: Any) -> str | None:
     if isinstance(want, OptionalType):
         return None if value is None else _mismatch(value, want.elem)
     if isinstance(value, list) and (want is None or isinstance(want, SequenceType)):
+        # elements' shapes may differ (onnx infers one merged shape for them, not always right): dtypes only
         elem = getattr(want, "elem", None)
+        elem = TensorType(elem.dtype) if isinstance(elem, TensorType) else elem
         return next((f"a sequence holding {why}" for v in value for why in [_mismatch(v, elem)] if why), None)
     if isinstance(want, SequenceType):
         return f"{type(value).__name__}, not a sequence (a list)"

@@ -85,7 +85,19 @@ def _array(value: Any) -> Any:
 
 
 def assert_similar(got: Any, expected: Any, rtol: float, atol: float, what: str) -> None:
-    """Compare as onnx's backend runner does: dtype, shape, then values within rtol/atol."""
+    """Compare as onnx's backend runner does: dtype, shape, then values within rtol/atol.
+
+    A sequence (a list) compares element by element; an empty optional is None on both sides.
+    """
+    if expected is None or got is None:
+        assert got is None and expected is None, f"{what}: {type(got).__name__}, expected {type(expected).__name__}"
+        return
+    if isinstance(expected, list):
+        assert isinstance(got, list), f"{what}: {type(got).__name__}, expected a sequence"
+        assert len(got) == len(expected), f"{what}: a sequence of {len(got)}, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            assert_similar(g, e, rtol, atol, f"{what}[{i}]")
+        return
     expected = np.asarray(expected)
     got = np.asarray(got)
     assert got.dtype == expected.dtype, f"{what}: dtype {got.dtype}, expected {expected.dtype}"
