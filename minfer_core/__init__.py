@@ -27,7 +27,7 @@ from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, kernels_in, onnx_op, op, same_as_input
 from .parallel import intra_op_threads, parallel_for, spmd, using_pool
 from .workspace import release_scratch, scratch, scratch_bytes
-from .tensor import Dim, OptionalType, SequenceType, Tensor, TensorType
+from .tensor import Dim, MapType, OptionalType, SequenceType, Tensor, TensorType
 
 __version__ = "0.1.0"
 
@@ -65,7 +65,7 @@ def __getattr__(name: str) -> Any:
 __all__ = sorted([
     *"""
     AmbiguousKernelError BadFeedError Dim InvalidGraphError InvalidOutputError Kernel KernelContext
-    KernelError MinferError ModelLoadError OptionalType OpDef PassError PluginLoadError
+    KernelError MapType MinferError ModelLoadError OptionalType OpDef PassError PluginLoadError
     RegistrationError SequenceType ShapeInferenceError Tensor TensorType UnsupportedOpError
     UnsupportedOptionError hookimpl hookspec intra_op_threads kernel kernels_in onnx_op op
     parallel_for release_scratch same_as_input scratch scratch_bytes spmd using_pool

@@ -19,7 +19,7 @@ from .kernel import Kernel, KernelContext
 from .plan import Step, StepSpec
 from .plugins import Registry, provider_hint
 from .runloop import StepFailure
-from .tensor import OptionalType, SequenceType, TensorType
+from .tensor import MapType, OptionalType, SequenceType, TensorType
 from .tuning import node_kernels, prepare
 
 
@@ -72,8 +72,10 @@ def _mismatch(value: Any, want: Any) -> str | None:
         elem = getattr(want, "elem", None)
         elem = TensorType(elem.dtype) if isinstance(elem, TensorType) else elem
         return next((f"a sequence holding {why}" for v in value for why in [_mismatch(v, elem)] if why), None)
-    if isinstance(want, SequenceType):
-        return f"{type(value).__name__}, not a sequence (a list)"
+    if isinstance(value, dict) and (want is None or isinstance(want, MapType)):
+        return None
+    if isinstance(want, (SequenceType, MapType)):
+        return f"{type(value).__name__}, not a {'sequence (a list)' if isinstance(want, SequenceType) else 'map (a dict)'}"
     if not isinstance(value, (np.ndarray, np.generic)):
         return f"{type(value).__name__}, not an array"
     if want is None or (value.dtype == want.dtype and want.shape is None):

@@ -26,7 +26,7 @@ from .pipeline import PassSelection
 from .plugins import Registry, active_registry, get_registry
 from .runloop import StepFailure
 from .sequential import SEQUENTIAL, Signature
-from .tensor import OptionalType, SequenceType, TensorType
+from .tensor import NON_TENSOR, MapType, OptionalType, SequenceType, TensorType
 
 
 @attrs.frozen
@@ -48,6 +48,8 @@ def _type_name(t: Any) -> str:
     """onnxruntime's name of a type: "tensor(float)", "seq(tensor(int64))", "optional(tensor(float))"."""
     if isinstance(t, (SequenceType, OptionalType)):
         return f"{'seq' if isinstance(t, SequenceType) else 'optional'}({_type_name(t.elem)})"
+    if isinstance(t, MapType):
+        return f"map({_type_name(TensorType(t.key))[7:-1]},{_type_name(t.value)})"
     if t is None:
         return "tensor(unknown)"
     from onnx import helper
@@ -167,7 +169,7 @@ class Engine:
         bound: dict[str, tuple[str, int]] = {}
         for name in graph.inputs:
             value, declared = feeds[name], graph.types.get(name)
-            if isinstance(declared, (SequenceType, OptionalType)):  # a list, or None for an empty optional
+            if isinstance(declared, NON_TENSOR):  # a list, a dict, or None for an empty optional
                 vals[self.program.slots[name]] = value
                 sig.append((None, declared))
                 continue

@@ -24,7 +24,7 @@ from .errors import ModelLoadError
 from .graph import Graph, Node
 from .rawdata import (WireFormatError, allocate, element_count, file_size, open_regular, read_payload, read_region,
                       sparse_to_dense, split_model)
-from .tensor import Dim, OptionalType, SequenceType, TensorType, ValueType
+from .tensor import Dim, MapType, OptionalType, SequenceType, TensorType, ValueType
 
 ModelSource = Union[str, os.PathLike, bytes, onnx.ModelProto]
 
@@ -330,12 +330,15 @@ _ELEM_TYPES = frozenset(onnx.TensorProto.DataType.values())
 
 
 def type_from_proto(tp: onnx.TypeProto) -> ValueType | None:
-    """A TensorType, SequenceType or OptionalType from a TypeProto; None for other or untyped values."""
+    """A TensorType, SequenceType, OptionalType or MapType from a TypeProto; None for other or untyped values."""
     kind = tp.WhichOneof("value")
     if kind in ("sequence_type", "optional_type"):
         inner = getattr(tp, kind).elem_type
         return (SequenceType if kind == "sequence_type" else OptionalType)(
             type_from_proto(inner) if inner.WhichOneof("value") else None)
+    if kind == "map_type":
+        value = tp.map_type.value_type
+        return MapType(onnx_dtype(tp.map_type.key_type), type_from_proto(value) if value.WhichOneof("value") else None)
     if kind != "tensor_type" or not tp.tensor_type.elem_type:
         return None
     tt = tp.tensor_type
@@ -354,6 +357,8 @@ def type_to_proto(t: ValueType) -> onnx.TypeProto:
     """The TypeProto of a TensorType, SequenceType or OptionalType (an unknown element: an empty TypeProto)."""
     if isinstance(t, TensorType):
         return helper.make_tensor_type_proto(elem_type_of(t.dtype), None if t.shape is None else list(t.shape))
+    if isinstance(t, MapType):
+        return helper.make_map_type_proto(elem_type_of(t.key), onnx.TypeProto() if t.value is None else type_to_proto(t.value))
     inner = onnx.TypeProto() if t.elem is None else type_to_proto(t.elem)
     return helper.make_sequence_type_proto(inner) if isinstance(t, SequenceType) else helper.make_optional_type_proto(inner)
 

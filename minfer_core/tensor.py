@@ -77,7 +77,21 @@ class OptionalType:
         return f"optional({self.elem or '?'})"
 
 
-ValueType = Union[TensorType, SequenceType, OptionalType]
+@attrs.frozen
+class MapType:
+    """A map from ``key`` (an integer or string dtype) to ``value`` values: at run time a Python dict (ai.onnx.ml)."""
+
+    key: np.dtype = attrs.field(converter=_as_dtype)
+    value: Any = None
+    shape = rank = nbytes = None
+    is_static = False
+
+    def __str__(self) -> str:
+        return f"map({self.key.name},{self.value or '?'})"
+
+
+ValueType = Union[TensorType, SequenceType, OptionalType, MapType]
+NON_TENSOR = (SequenceType, OptionalType, MapType)
 
 
 @attrs.frozen(eq=False)

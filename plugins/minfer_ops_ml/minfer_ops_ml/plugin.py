@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import encode, linear, preprocess, svm, trees
+from . import encode, linear, maps, preprocess, svm, trees
 
-MODULES = (preprocess, encode, linear, svm, trees)
+MODULES = (preprocess, encode, linear, svm, trees, maps)
 KERNELS = kernels_in(*MODULES)
 
 
