@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import activation, cast, detection, elementwise, generate, indexing, linalg, logic, nn, pad, random, recurrent, reduce, shape, signal, strings
+from . import activation, cast, detection, elementwise, generate, image, indexing, linalg, linear_attention, logic, nn, pad, random, recurrent, reduce, shape, signal, strings, training
 
-MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection, random, strings)
+MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection, random, strings,
+           linear_attention, training, image)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
 @hookimpl
 def register_ops(register):
-    # the ops claimed are those this plugin has kernels for (minfer_provides.json declares the same list)
-    register(onnx_op(*sorted({k.op_type for k in KERNELS})))
+    # the ops claimed are those this plugin has kernels for, each in its kernel's domain (the training
+    # optimizers live in ai.onnx.preview.training); minfer_provides.json declares the same list
+    domains = sorted({k.domain for k in KERNELS})
+    register([onnx_op(*sorted({k.op_type for k in KERNELS if k.domain == d}), domain=d) for d in domains])
 
 
 @hookimpl
