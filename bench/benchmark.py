@@ -1,15 +1,18 @@
-"""minfer vs onnxruntime vs onnx's ReferenceEvaluator: latency, ratios, memory.
+"""minfer vs onnxruntime vs onnx's ReferenceEvaluator: latency, first runs, ratios, memory.
 
-    .venv/bin/python -m bench.benchmark                      # everything (~10 min on 2 cores)
+    .venv/bin/python -m bench.benchmark                      # everything (see bench/README.md for the time)
     .venv/bin/python -m bench.benchmark --models resnet50 vgg19 --batches 1
+    .venv/bin/python -m bench.benchmark --models real        # the real-model set only
 
-For each model and batch size the three engines run in the same process on
-the same feeds. minfer and onnxruntime alternate in rounds (so load from
-other processes hits both alike) with a pause before each block: OpenBLAS
-and onnxruntime worker threads spin ~0.1 s after a call and would steal a
-core from whatever runs next. Medians are reported. Peak memory is measured
-in a fresh process per engine (bench/memprobe.py). Results go to stdout as a
-markdown table and to ``bench/results/latest.json``.
+For each model and batch size the engines run in the same process on
+the same feeds. minfer (with and, when the numba plugin is installed, without
+it) and onnxruntime alternate in rounds (so load from other processes hits
+them alike) with a pause before each block: OpenBLAS and onnxruntime worker
+threads spin ~0.1 s after a call and would steal a core from whatever runs
+next. Medians are reported, and the slowest of runs 2..N against them. Peak
+memory (bench/memprobe.py) and the first run of the shape, cold and warm
+(bench/firstrun.py), are measured in fresh processes. Results go to stdout as
+Markdown (bench/report.py) and to ``bench/results/latest.{json,md}``.
 """
 
 from __future__ import annotations
@@ -18,17 +21,22 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.models import LIGHT, build, models
+from bench import firstrun, variants
+from bench.models import build, models
+from bench.models import random_feeds as random_feeds  # re-exported: ceiling and profile take it from here
 from bench.progress import Progress
+from bench.report import geomean as geomean, markdown as markdown, summarize
 
 PAUSE = 0.25  # seconds between engines: longer than the BLAS/ORT spin-wait
 # untimed runs of each engine before the rounds: minfer plans a shape on its first run, and with a process
@@ -38,10 +46,11 @@ RESULTS = Path(__file__).parent / "results"
 Runner = Callable[[dict[str, np.ndarray]], Any]
 
 
-def make_session(engine: str, blob: bytes, threads: int | str = 2) -> tuple[Runner, dict[str, np.ndarray]]:
+def make_session(engine: str, blob: bytes, threads: int | str = 2, registry: Any = None) -> tuple[Runner, dict[str, np.ndarray]]:
     """A run callable for ``engine`` ("minfer", "onnxruntime", "reference") and random feeds for the model.
 
-    ``threads`` is onnxruntime's intra-op thread count and minfer's intra-op thread count.
+    ``threads`` is onnxruntime's intra-op thread count and minfer's intra-op thread count; ``registry`` minfer's
+    plugins (default: every installed one).
     """
     import onnx
 
@@ -50,7 +59,8 @@ def make_session(engine: str, blob: bytes, threads: int | str = 2) -> tuple[Runn
     if engine == "minfer":
         import minfer_core
 
-        sess = minfer_core.InferenceSession(model, threads=threads)
+        extra = {"registry": registry} if registry is not None else {}
+        sess = minfer_core.InferenceSession(model, threads=threads, **extra)
         return (lambda f: sess.run(None, f)), feeds
     if engine == "onnxruntime":
         sess = ort_session(blob, threads if isinstance(threads, int) else 2)
@@ -75,21 +85,6 @@ def ort_session(blob: bytes, threads: int = 2) -> Any:
     return ort.InferenceSession(blob, opts, providers=["CPUExecutionProvider"])
 
 
-def random_feeds(model: Any, seed: int = 0) -> dict[str, np.ndarray]:
-    from onnx import helper
-
-    inits = {t.name for t in model.graph.initializer}
-    rng = np.random.default_rng(seed)
-    feeds = {}
-    for value in model.graph.input:
-        if value.name in inits:
-            continue
-        t = value.type.tensor_type
-        shape = [d.dim_value for d in t.shape.dim]
-        feeds[value.name] = rng.standard_normal(shape).astype(helper.tensor_dtype_to_np_dtype(t.elem_type))
-    return feeds
-
-
 def timed(run: Runner, feeds: dict[str, np.ndarray], n: int) -> list[float]:
     times = []
     for _ in range(n):
@@ -100,38 +95,49 @@ def timed(run: Runner, feeds: dict[str, np.ndarray], n: int) -> list[float]:
 
 
 def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progress) -> dict[str, Any]:
-    """Latency of the three engines, output agreement and minfer's memory plan for one model and batch."""
+    """Latency of the engines, runs 2..N, output agreement and minfer's memory plan for one model and batch; then
+    first runs and peak memory in fresh processes."""
     label = f"{name} b{batch}"
     progress.stage(f"{label}: building")
     blob = build(name, batch).SerializeToString()
+    threads = args.minfer_threads or args.threads
     t0 = time.perf_counter()
-    m_run, feeds = make_session("minfer", blob, args.minfer_threads or args.threads)
+    engines: dict[str, Runner] = {}
+    engines["minfer"], feeds = make_session("minfer", blob, threads, registry=args.registries.get("minfer"))
     build_s = time.perf_counter() - t0
-    o_run, _ = make_session("onnxruntime", blob, args.threads)
-    got, want = m_run(feeds)[0], o_run(feeds)[0]
-    # each engine warms up alone (the first run of each is the one above): right after a run onnxruntime's
-    # threads spin on both cores, and minfer's process mode times its choices during these runs
-    time.sleep(PAUSE)
-    for _ in range(WARMUP - 1):
-        m_run(feeds)
-    time.sleep(PAUSE)
-    for _ in range(WARMUP - 1):
-        o_run(feeds)
+    if "minfer_nonumba" in args.registries:
+        engines["minfer_nonumba"], _ = make_session("minfer", blob, threads, registry=args.registries["minfer_nonumba"])
+    engines["onnxruntime"], _ = make_session("onnxruntime", blob, args.threads)
     row: dict[str, Any] = {"model": name, "batch": batch, "minfer_build_s": round(build_s, 3)}
-    row["max_rel_err"] = float(np.abs(got - want).max() / (np.abs(want).max() + 1e-30))
-    m_times: list[float] = []
-    o_times: list[float] = []
+    outs, later = {}, {}
+    # each engine warms up alone: right after a run onnxruntime's threads spin on both cores, and minfer's
+    # process mode times its choices during these runs. Runs 2..N (these and the timed ones) give the worst case.
+    for key, run in engines.items():
+        time.sleep(PAUSE)
+        t0 = time.perf_counter()
+        outs[key] = run(feeds)[0]
+        row[f"{key}_inprocess_first_ms"] = (time.perf_counter() - t0) * 1e3
+        later[key] = timed(run, feeds, WARMUP - 1)
+    want = outs["onnxruntime"]
+    for key, prefix in (("minfer", ""), ("minfer_nonumba", "nonumba_")):
+        if key in outs:
+            row[f"{prefix}max_rel_err"] = float(np.abs(outs[key] - want).max() / (np.abs(want).max() + 1e-30))
+    times: dict[str, list[float]] = {key: [] for key in engines}
     for r in range(args.rounds):
-        for engine, run, times in (("minfer", m_run, m_times), ("onnxruntime", o_run, o_times)):
-            progress.stage(f"{label}: {engine} round {r + 1}/{args.rounds}")
+        for key, run in engines.items():
+            progress.stage(f"{label}: {key} round {r + 1}/{args.rounds}")
             time.sleep(PAUSE)
-            times += timed(run, feeds, args.repeat)
-    row["minfer_ms"] = statistics.median(m_times) * 1e3
-    row["ort_ms"] = statistics.median(o_times) * 1e3
+            times[key] += timed(run, feeds, args.repeat)
+    for key, ms_key, prefix in ENGINE_KEYS:
+        if key in times:
+            row[ms_key] = statistics.median(times[key]) * 1e3
+            row[f"{ms_key[:-3]}_iqr_ms"] = _iqr(times[key]) * 1e3
+            row[f"{prefix}later_max_over_median"] = max(later[key] + times[key]) * 1e3 / row[ms_key]
     row["minfer_over_ort"] = row["minfer_ms"] / row["ort_ms"]
-    row["minfer_iqr_ms"] = _iqr(m_times) * 1e3
-    row["ort_iqr_ms"] = _iqr(o_times) * 1e3
-    row.update(_memory_plan(m_run, feeds))
+    if "minfer_nonumba_ms" in row:
+        row["nonumba_over_ort"] = row["minfer_nonumba_ms"] / row["ort_ms"]
+        row["numba_speedup"] = row["minfer_nonumba_ms"] / row["minfer_ms"]
+    row.update(_memory_plan(engines["minfer"], feeds))
     if args.ref:
         progress.stage(f"{label}: ReferenceEvaluator")
         r_run, _ = make_session("reference", blob)
@@ -141,12 +147,40 @@ def bench_model(name: str, batch: int, args: argparse.Namespace, progress: Progr
         # onnxruntime's own speed-up over the reference, measured alike: what the issue's 50x asks of minfer
         # is more than onnxruntime does on the GEMM-bound models (their convs and GEMMs run in BLAS in both)
         row["ref_over_ort"] = row["ref_ms"] / row["ort_ms"]
-    if args.memory:
-        for engine in ("minfer", "onnxruntime"):
-            progress.stage(f"{label}: peak memory of {engine} (fresh process)")
-            threads = args.minfer_threads or args.threads if engine == "minfer" else args.threads
-            row.update({f"{engine}_{k}": v for k, v in memprobe(engine, name, batch, threads=threads).items()})
+    _fresh_processes(row, name, batch, args, progress)
     return row
+
+
+# engine -> (its median's key, the prefix of its derived keys)
+ENGINE_KEYS = (("minfer", "minfer_ms", ""), ("minfer_nonumba", "minfer_nonumba_ms", "nonumba_"), ("onnxruntime", "ort_ms", "ort_"))
+
+
+def _fresh_processes(row: dict[str, Any], name: str, batch: int, args: argparse.Namespace, progress: Progress) -> None:
+    """First runs (cold, warm) and peak memory of each engine variant, each in fresh processes."""
+    label = f"{name} b{batch}"
+    for key, ms_key, prefix in ENGINE_KEYS:
+        if ms_key not in row:
+            continue
+        engine = "onnxruntime" if key == "onnxruntime" else "minfer"
+        threads = args.threads if engine == "onnxruntime" else args.minfer_threads or args.threads
+        env = args.envs.get(key)
+        if args.first_run:
+            progress.stage(f"{label}: first runs of {key} (fresh processes)")
+            # without numba the cold first run shows what compiling costs; warm, both variants reuse tuning alike
+            got = firstrun.first_runs(engine, name, batch, threads, env, warm=key != "minfer_nonumba")
+            row.setdefault("first_run", {})[key] = got
+            if "first_ms" in got:
+                row[f"{prefix}first_cold_over_median"] = got["first_ms"] / row[ms_key]
+            if "warm_first_ms" in got:
+                row[f"{prefix}first_warm_over_median"] = got["warm_first_ms"] / row[ms_key]
+        if args.memory:
+            progress.stage(f"{label}: peak memory of {key} (fresh process)")
+            row.update({f"{key}_{k}": v for k, v in memprobe(engine, name, batch, threads=threads, env=env).items()})
+    for key, prefix in (("minfer", ""), ("minfer_nonumba", "nonumba_")):
+        if row.get(f"{key}_peak_mb") and row.get("onnxruntime_peak_mb"):
+            row[f"{prefix}peak_over_ort"] = row[f"{key}_peak_mb"] / row["onnxruntime_peak_mb"]
+    if "ort_first_cold_over_median" in row:
+        row["ort_first_over_median"] = row.pop("ort_first_cold_over_median")
 
 
 def _iqr(xs: Sequence[float]) -> float:
@@ -169,11 +203,13 @@ def _memory_plan(run: Runner, feeds: dict[str, np.ndarray]) -> dict[str, Any]:
     }
 
 
-def memprobe(engine: str, name: str, batch: int, runs: int = 3, threads: int | str = 2) -> dict[str, Any]:
+def memprobe(engine: str, name: str, batch: int, runs: int = 3, threads: int | str = 2,
+             env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Peak memory of ``engine`` on one model in a fresh process (bench/memprobe.py); ``env`` its environment."""
     root = Path(__file__).resolve().parent.parent
     out = subprocess.run(
         [sys.executable, "-m", "bench.memprobe", engine, name, str(batch), str(runs), str(threads)],
-        cwd=root, capture_output=True, text=True, timeout=600,
+        cwd=root, capture_output=True, text=True, timeout=600, env=env,
     )
     if out.returncode != 0:
         return {"memprobe_error": out.stderr.strip().splitlines()[-1:]}
@@ -216,36 +252,8 @@ def loop_overhead(nodes: int = 2000, repeat: int = 30) -> dict[str, float]:
     }
 
 
-def geomean(xs: Sequence[float]) -> float:
-    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
-
-
-def summarize(rows: list[dict[str, Any]], batches: Sequence[int]) -> dict[str, Any]:
-    """Geo-mean and worst minfer/onnxruntime ratio over the light models per batch; worst ref speed-up."""
-    out: dict[str, Any] = {}
-    for b in batches:
-        light = [r for r in rows if r["batch"] == b and r["model"] in LIGHT]
-        if light:
-            ratios = [r["minfer_over_ort"] for r in light]
-            worst = max(light, key=lambda r: r["minfer_over_ort"])
-            out[f"b{b}"] = {
-                "geomean_minfer_over_ort": geomean(ratios),
-                "max_minfer_over_ort": worst["minfer_over_ort"],
-                "max_model": worst["model"],
-                "models": len(light),
-            }
-    refs = [r["ref_over_minfer"] for r in rows if "ref_over_minfer" in r]
-    if refs:
-        out["min_ref_over_minfer"] = min(refs)
-    ort_refs = [r for r in rows if "ref_over_ort" in r]
-    if ort_refs:
-        out["ort_below_50x"] = [f"{r['model']} b{r['batch']} {r['ref_over_ort']:.0f}x"
-                                for r in sorted(ort_refs, key=lambda r: r["ref_over_ort"]) if r["ref_over_ort"] < 50]
-    return out
-
-
 def blas_setting() -> str:
-    """Which kernels numpy's BLAS runs: threadpoolctl's ``architecture`` of each BLAS loaded, and the pin.
+    """Which kernels numpy's BLAS runs: threadpoolctl's ``architecture`` of numpy's BLAS, the pin, and any other.
 
     The environment pins this project's machines to OpenBLAS's Haswell (AVX2) kernels for old OpenBLAS
     builds (OPENBLAS_CORETYPE), about half onnxruntime's GEMM rate on their AVX-512 CPUs; users' machines
@@ -255,49 +263,13 @@ def blas_setting() -> str:
     import numpy as np  # noqa: F401  (loads the BLAS threadpoolctl inspects)
     from threadpoolctl import threadpool_info
 
-    archs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}" for i in threadpool_info()
-             if i.get("user_api") == "blas"]
+    blas = [i for i in threadpool_info() if i.get("user_api") == "blas"]
+    # numpy's first: another package's BLAS (scipy's, which numba's compiler loads) may be loaded too
+    archs = [f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+             for i in sorted(blas, key=lambda i: "numpy" not in str(i.get("filepath")))]
     pin = os.environ.get("OPENBLAS_CORETYPE")
-    return f"{', '.join(archs) or 'no BLAS found'} ({'OPENBLAS_CORETYPE=' + pin if pin else 'not pinned'})"
-
-
-def markdown(rows: list[dict[str, Any]], summary: dict[str, Any], overhead: dict[str, float] | None,
-             blas: str | None = None) -> str:
-    head = ("| model | b | minfer ms | ORT ms | ref ms | minfer/ORT | ref/minfer | ref/ORT | arena MiB | live-set MiB "
-            "| naive MiB | arena/live | minfer peak MB | ORT peak MB | minfer run MB | ORT run MB |")
-    lines = [head, "|" + "---|" * 16]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['batch']} | {r['minfer_ms']:.1f} | {r['ort_ms']:.1f} | {_f(r.get('ref_ms'), 0)} "
-            f"| {r['minfer_over_ort']:.2f} | {_f(r.get('ref_over_minfer'), 1)} | {_f(r.get('ref_over_ort'), 1)} "
-            f"| {r['arena_mib']:.2f} "
-            f"| {r['live_set_mib']:.2f} | {r['naive_mib']:.1f} | {r['arena_over_live']:.3f} "
-            f"| {_f(r.get('minfer_peak_mb'), 1)} | {_f(r.get('onnxruntime_peak_mb'), 1)} "
-            f"| {_f(r.get('minfer_run_peak_mb'), 1)} | {_f(r.get('onnxruntime_run_peak_mb'), 1)} |"
-        )
-    for key, s in summary.items():
-        if key.startswith("b"):
-            lines.append(
-                f"\nbatch {key[1:]}: geo-mean minfer/ORT {s['geomean_minfer_over_ort']:.2f} over {s['models']} light models, "
-                f"worst {s['max_minfer_over_ort']:.2f} ({s['max_model']})"
-            )
-    if "min_ref_over_minfer" in summary:
-        lines.append(f"slowest speed-up over ReferenceEvaluator: {summary['min_ref_over_minfer']:.1f}x")
-    if summary.get("ort_below_50x"):
-        lines.append("onnxruntime's own speed-up over ReferenceEvaluator is below 50x on: "
-                     + ", ".join(summary["ort_below_50x"]))
-    if blas:
-        lines.append(f"numpy's BLAS (threadpoolctl): {blas}")
-    if overhead:
-        lines.append(
-            f"run loop: {overhead['per_node_us']:.2f} us/node on a {overhead['nodes']}-node chain of tiny Adds, "
-            f"of which the kernels {overhead['kernel_us']:.2f} us: overhead {overhead['overhead_us']:.2f} us/node"
-        )
-    return "\n".join(lines)
-
-
-def _f(value: float | None, digits: int) -> str:
-    return "-" if value is None else f"{value:.{digits}f}"
+    also = f"; also loaded: {', '.join(archs[1:])}" if len(archs) > 1 else ""
+    return f"{archs[0] if archs else 'no BLAS found'} ({'OPENBLAS_CORETYPE=' + pin if pin else 'not pinned'}){also}"
 
 
 def run_benchmark(
@@ -314,39 +286,59 @@ def run_benchmark(
     overhead: bool = True,
     progress: Progress | None = None,
     parallel: str | None = None,
+    first_run: bool = True,
+    numba: str = "both",
+    cache_dir: str | None = None,
 ) -> dict[str, Any]:
-    """Benchmark ``names`` (default: the nine light models and the transformer block) at ``batches``.
+    """Benchmark ``names`` (default: the light models and the real-model set; group names "light", "real") at
+    ``batches``.
 
     ``parallel`` sets minfer's ``parallel=`` mode through MINFER_PARALLEL, which the fresh memory-probe
-    processes inherit too.
+    processes inherit too. ``numba``: "with" runs minfer with every installed plugin, "without" leaves the numba
+    plugin out, "both" (when it is installed) measures the two side by side. ``cache_dir`` is minfer's cache
+    folder for the run (MINFER_CACHE: stored tuning choices, numba's compiled kernels), by default a new empty
+    one: each shape's choices are then made under this run's conditions, not taken from an earlier busier day.
     """
     if parallel:
         os.environ["MINFER_PARALLEL"] = parallel
-    args = argparse.Namespace(repeat=repeat, rounds=rounds, ref=ref, ref_repeat=ref_repeat, memory=memory, threads=threads,
-                              minfer_threads=minfer_threads)
     todo = [(n, b) for b in batches for n in models(list(names) if names else None)]
-    progress = progress or Progress(len(todo))
-    load_before = os.getloadavg()
-    rows = []
-    for name, batch in todo:
-        progress.next(f"{name} b{batch}")
-        rows.append(bench_model(name, batch, args, progress))
-        progress.done(f"{name} b{batch}: minfer {rows[-1]['minfer_ms']:.1f} ms, ORT {rows[-1]['ort_ms']:.1f} ms, "
-                      f"ratio {rows[-1]['minfer_over_ort']:.2f}")
-    loop = loop_overhead() if overhead else None
+    fresh = None if cache_dir else tempfile.mkdtemp(prefix="minfer-bench-cache-")
+    before = os.environ.get("MINFER_CACHE")
+    os.environ["MINFER_CACHE"] = cache_dir or str(fresh)
+    try:
+        args = argparse.Namespace(repeat=repeat, rounds=rounds, ref=ref, ref_repeat=ref_repeat, memory=memory,
+                                  threads=threads, minfer_threads=minfer_threads, first_run=first_run, **variants.select(numba))
+        load_before = os.getloadavg()
+        rows = _rows(todo, args, progress or Progress(len(todo)))
+        loop = loop_overhead() if overhead else None
+    finally:
+        os.environ.pop("MINFER_CACHE") if before is None else os.environ.update(MINFER_CACHE=before)
+        if fresh:
+            shutil.rmtree(fresh, ignore_errors=True)
     return {
         "rows": rows,
         "summary": summarize(rows, batches),
         "loop_overhead": loop,
         "machine": {"cpus": os.cpu_count(), "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
         "settings": {"repeat": repeat, "rounds": rounds, "ort_threads": threads, "minfer_threads": minfer_threads or threads,
-                     "minfer_parallel": os.environ.get("MINFER_PARALLEL", "threads"), "openblas_coretype": blas_setting()},
+                     "minfer_parallel": os.environ.get("MINFER_PARALLEL", "threads"), "openblas_coretype": blas_setting(),
+                     "numba": args.numba, "plugins": args.plugins, "minfer_cache": cache_dir or "new and empty"},
     }
+
+
+def _rows(todo: Sequence[tuple[str, int]], args: argparse.Namespace, progress: Progress) -> list[dict[str, Any]]:
+    rows = []
+    for name, batch in todo:
+        progress.next(f"{name} b{batch}")
+        rows.append(bench_model(name, batch, args, progress))
+        progress.done(f"{name} b{batch}: minfer {rows[-1]['minfer_ms']:.1f} ms, ORT {rows[-1]['ort_ms']:.1f} ms, "
+                      f"ratio {rows[-1]['minfer_over_ort']:.2f}")
+    return rows
 
 
 def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``python -m bench.benchmark`` (a checkout tool: the installed ``minfer`` CLI has no ``bench``)."""
-    parser.add_argument("--models", nargs="*", help="subset of the light model names (resnet50, ...) and transformer")
+    parser.add_argument("--models", nargs="*", help="model names (resnet50, mobilenet_v3_small, ...) or groups: light, real")
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 8])
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per engine per round")
     parser.add_argument("--rounds", type=int, default=3, help="alternating minfer/onnxruntime rounds")
@@ -358,6 +350,13 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ref-repeat", type=int, default=1, help="timed ReferenceEvaluator runs")
     parser.add_argument("--no-ref", action="store_true", help="skip the ReferenceEvaluator")
     parser.add_argument("--no-memory", action="store_true", help="skip the fresh-process peak memory probes")
+    parser.add_argument("--no-first-run", action="store_true", help="skip the fresh-process first-run probes")
+    parser.add_argument("--numba", choices=("both", "with", "without"), default="both",
+                        help="minfer with the numba plugin (minfer-ops-numba), without it, or both side by side "
+                             "(the default; with it not installed: minfer as installed)")
+    parser.add_argument("--cache-dir", default=None,
+                        help="minfer's cache folder for the in-process sessions and memory probes (tuning choices, "
+                             "compiled kernels; default: a new empty one; the first-run probes always use their own)")
     parser.add_argument("--json", default=None, help="where to write the results (default bench/results/latest.json)")
 
 
@@ -377,6 +376,7 @@ def run_from_args(args: argparse.Namespace) -> int:
         args.models, args.batches, repeat=args.repeat, rounds=args.rounds, threads=args.threads,
         minfer_threads=args.minfer_threads, ref=not args.no_ref,
         ref_repeat=args.ref_repeat, memory=not args.no_memory, parallel=args.parallel,
+        first_run=not args.no_first_run, numba=args.numba, cache_dir=args.cache_dir,
     )
     out = Path(args.json or RESULTS / "latest.json")
     text = markdown(result["rows"], result["summary"], result["loop_overhead"], result["settings"]["openblas_coretype"])

@@ -199,7 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     cache: dict[tuple[int, int, int], float] = {}
     lower: dict[int, list[float]] = {}
-    for name in models(args.models):
+    for name in models(args.models or ["light", "transformer"]):  # its GEMM-floor table: the light models
         for batch in args.batches:
             floor = gemm_floor_ms(name, batch, cache)
             row = measured.get((name, batch), {})

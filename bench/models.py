@@ -1,14 +1,23 @@
-"""The benchmark's models: onnx's nine light model-zoo CNNs with random weights, and a transformer block.
+"""The benchmark's models: onnx's nine light model-zoo CNNs with random weights, and the real-model set.
 
 The light models ship with every weight replaced by a ConstantOfShape of
 zeros; `light_model` turns those into random initializers (so outputs mean
 something and no engine can skip work) and rewrites the batch dim, since the
 files fix it at 1.
+
+The real-model set is what users run: the test suite's builders (tests/models/realmodels.py: a YOLO-style
+detector head, a DBNet text detector and a CRNN recognizer, MobileNetV2/V3, a PP-LCNet orientation classifier,
+a PyTorch-style encoder block) at deployment input sizes, and this module's transformer block. Building the
+calibrated ones takes seconds, so built models are kept in a cache directory keyed by their builders' source.
 """
 
 from __future__ import annotations
 
+import hashlib
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -25,6 +34,23 @@ LIGHT = (
     "vgg19",
     "zfnet512",
 )
+# name -> (builder in tests/models/realmodels.py, keyword arguments): deployment sizes, not the tests' small ones
+REAL: dict[str, tuple[str, dict[str, Any]]] = {
+    "detector": ("yolo_head", {}),  # fixed at 64x64 by its builder
+    # 320x320: PP-OCR's detector usually sees 640-960 pixels a side, where one b8 run takes seconds here
+    "ocr_detector": ("ocr_detector", {"size": 320}),
+    "ocr_recognizer": ("ocr_recognizer", {}),  # fixed at 32x64 by its builder
+    "mobilenet_v2": ("mobilenet_v2", {"width": 1.0}),
+    "mobilenet_v3_small": ("mobilenet_v3", {"variant": "small"}),
+    "mobilenet_v3_large": ("mobilenet_v3", {"variant": "large"}),
+    "orientation": ("orientation_classifier", {}),
+    "encoder": ("encoder_block", {}),
+    "transformer": ("", {}),  # transformer_block below
+}
+GROUPS = {"light": LIGHT, "real": tuple(REAL)}
+# sizes of symbolic input dims other than the batch (the encoder's sequence)
+SYMBOLIC_DIMS = {"seq": 128}
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 ORT_IR_VERSION = 10  # onnx 1.23 stamps IR 14; onnxruntime 1.31 reads up to 10
 
 
@@ -144,10 +170,94 @@ def transformer_block(batch: int, seq: int = 128, d: int = 256, heads: int = 4, 
 
 
 def models(names: list[str] | None = None) -> list[str]:
-    """Benchmark model names: the nine light models, then the transformer block."""
-    every = list(LIGHT) + ["transformer"]
-    return every if not names else [n for n in every if n in names]
+    """Benchmark model names in order, light models first: all of them, or those ``names`` lists by name or by
+    group ("light", "real"). An unknown name is an error naming the known ones; a model whose builder this
+    checkout lacks is an error when named, left out (said on stderr) of a group."""
+    every = list(LIGHT) + list(REAL)
+    asked = {m for n in names for m in GROUPS.get(n, (n,))} if names else set(every)
+    unknown = sorted(asked - set(every))
+    if unknown:
+        raise SystemExit(f"unknown benchmark model(s) {', '.join(unknown)}: known are {', '.join(every)} "
+                         f"and the groups {', '.join(GROUPS)}")
+    absent = {n: why for n in asked if (why := missing(n))}
+    if absent and names and not set(names) & set(GROUPS):
+        raise SystemExit("; ".join(f"{n}: {why}" for n, why in absent.items()))
+    for n, why in absent.items():  # a group or the default set goes on without it
+        print(f"bench: leaving out {n} ({why})", file=sys.stderr)
+    return [n for n in every if n in asked and n not in absent]
+
+
+def group_of(name: str) -> str:
+    """"light" or "real": which geo-mean a model counts in."""
+    return "light" if name in LIGHT else "real"
 
 
 def build(name: str, batch: int) -> onnx.ModelProto:
-    return transformer_block(batch) if name == "transformer" else light_model(name, batch)
+    """The benchmark's model ``name`` at batch size ``batch``."""
+    if name == "transformer":
+        return transformer_block(batch)
+    if name in REAL:
+        return _cached(name, batch, lambda: real_model(name, batch))
+    return light_model(name, batch)
+
+
+def missing(name: str) -> str | None:
+    """Why model ``name`` cannot be built in this checkout (its builder is not in realmodels.py yet), or None."""
+    builder = REAL.get(name, ("",))[0]
+    if builder and not hasattr(_realmodels(), builder):
+        return f"tests/models/realmodels.py has no {builder}()"
+    return None
+
+
+def _realmodels() -> Any:
+    for path in (str(TESTS), str(TESTS / "models")):  # realmodels imports modelkit as a top-level module
+        if path not in sys.path:
+            sys.path.append(path)
+    import realmodels
+
+    return realmodels
+
+
+def real_model(name: str, batch: int, seed: int = 0) -> onnx.ModelProto:
+    """A real-set model from the test suite's builders, its batch dim set to ``batch``."""
+    builder, kwargs = REAL[name]
+    model = getattr(_realmodels(), builder)(seed, **kwargs)
+    _set_batch(model, batch)
+    model.ir_version = min(model.ir_version, ORT_IR_VERSION)
+    return model
+
+
+def _cached(name: str, batch: int, make: Callable[[], onnx.ModelProto]) -> onnx.ModelProto:
+    """``make()``, kept on disk under a key of the builders' source (a changed builder builds again)."""
+    source = b"".join(p.read_bytes() for p in (Path(__file__), TESTS / "models" / "realmodels.py"))
+    key = hashlib.sha256(source + f"{name}/{batch}".encode()).hexdigest()[:16]
+    path = Path(tempfile.gettempdir()) / "minfer-bench-models" / f"{name}-b{batch}-{key}.onnx"
+    if path.exists():
+        return onnx.load(str(path))
+    model = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{id(model)}.tmp")
+    tmp.write_bytes(model.SerializeToString())
+    tmp.replace(path)  # atomic: a concurrent reader sees the whole file or none
+    return model
+
+
+def random_feeds(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for ``model``: standard normal floats; integer inputs are attention masks (1 keep, 0 pad, the
+    first position always kept); symbolic dims other than the batch take their SYMBOLIC_DIMS size."""
+    inits = {t.name for t in model.graph.initializer}
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for value in model.graph.input:
+        if value.name in inits:
+            continue
+        t = value.type.tensor_type
+        shape = [d.dim_value if d.HasField("dim_value") else SYMBOLIC_DIMS.get(d.dim_param, 1) for d in t.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(t.elem_type)
+        if np.issubdtype(dtype, np.integer):
+            mask = (rng.random(shape) > 0.2).astype(dtype)
+            mask[..., 0] = 1
+            feeds[value.name] = mask
+        else:
+            feeds[value.name] = rng.standard_normal(shape).astype(dtype)
+    return feeds
