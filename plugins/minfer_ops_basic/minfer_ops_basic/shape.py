@@ -123,7 +123,7 @@ def unsqueeze_13(data, axes):
 @kernel("Identity", since=1, views=True)
 def identity(input):
     """Identity-1..25: a view of a tensor; sequences and optionals pass through."""
-    return input.view() if isinstance(input, np.ndarray) else input
+    return input.view() if isinstance(input, np.ndarray) else (input,)  # a bare list would read as several outputs
 
 
 # Dropout kernels prepare themselves to learn whether the node has a mask output:

@@ -34,8 +34,7 @@ def is_op(node: Node | None, *op_types: str) -> bool:
 
 
 def dtype_of(graph: Graph, value: str) -> np.dtype | None:
-    t = graph.type_of(value)
-    return None if t is None else t.dtype
+    return getattr(graph.type_of(value), "dtype", None)  # None too for a sequence or optional (no element dtype)
 
 
 def dims_of(graph: Graph, value: str) -> tuple[int | None, ...] | None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from minfer_core import Graph, Node
+from minfer_core import Graph, Node, OptionalType, SequenceType
 
 from ._util import has_kernel, run_node, shape_of
 
@@ -58,6 +58,9 @@ def _fold(graph: Graph, node: Node) -> bool:
             results = run_node(graph, node, inputs)
     except Exception:
         return False  # a kernel that cannot run on these constants leaves the node to run time, where it reports
+    if not all(isinstance(r, (np.ndarray, np.generic)) for r in results) or any(
+            isinstance(graph.type_of(o), (SequenceType, OptionalType)) for o in node.outputs if o):
+        return False  # a sequence (a list) or an optional cannot be an initializer
     if any(np.asarray(r).size > MAX_FOLD_ELEMENTS for r in results):
         return False
     graph.remove_node(node)
