@@ -26,7 +26,7 @@ from .pipeline import PassSelection
 from .plugins import Registry, active_registry, get_registry
 from .runloop import StepFailure
 from .sequential import SEQUENTIAL, Signature
-from .tensor import NON_TENSOR, MapType, OptionalType, SequenceType, TensorType
+from .tensor import MapType, OptionalType, SequenceType, TensorType, _NonTensor
 
 
 @attrs.frozen
@@ -147,6 +147,8 @@ class Engine:
         the executor copied into memory of its own, which the next run overwrites.
         """
         value = vals[slot]
+        if isinstance(value, list):  # a read-only element is a feed's (or a weight's) array: the caller gets a copy
+            return [np.array(v) if isinstance(v, np.ndarray) and not v.flags.writeable else v for v in value]
         for source in self._output_sources.get(slot, ()) if isinstance(value, np.ndarray) else ():
             name = self._slot_names[source]
             owner = feeds[name] if name in feeds else self.program.template[source]
@@ -169,17 +171,13 @@ class Engine:
         bound: dict[str, tuple[str, int]] = {}
         for name in graph.inputs:
             value, declared = feeds[name], graph.types.get(name)
-            if isinstance(declared, NON_TENSOR):  # a list, a dict, or None for an empty optional
-                vals[self.program.slots[name]] = value
+            if isinstance(declared, _NonTensor):  # a list, a dict, or None for an empty optional
+                vals[self.program.slots[name]] = _non_tensor_feed(name, value, declared)
                 sig.append((None, declared))
                 continue
-            if not isinstance(value, np.ndarray):
-                value = np.asarray(value)
+            value = np.asarray(value)
             _check_feed(name, value, graph.types.get(name), bound)
-            if value.flags.writeable:  # kernels get the caller's array read-only: one writing into it fails, named
-                value = value.view()
-                value.flags.writeable = False
-            vals[self.program.slots[name]] = value
+            vals[self.program.slots[name]] = value = _read_only(value)
             sig.append((value.shape, value.dtype))
         return tuple(sig)
 
@@ -240,6 +238,28 @@ def _check_feed(name: str, value: np.ndarray, declared: TensorType | None, bound
                     f"input {name!r} dim {axis} is the symbolic dim {want!r} = {got}, but input {first[0]!r} "
                     f"set {want!r} = {first[1]}"
                 )
+
+
+def _read_only(value: np.ndarray) -> np.ndarray:
+    """Kernels get the caller's arrays read-only: one writing into a feed fails, named, and the feed is untouched."""
+    if value.flags.writeable:
+        value = value.view()
+        value.flags.writeable = False
+    return value
+
+
+def _non_tensor_feed(name: str, value: Any, declared: Any) -> Any:
+    """A sequence (a list), map (a dict) or optional (its value, or None) feed, checked against its declared type."""
+    want = declared.elem if isinstance(declared, OptionalType) and value is not None else declared
+    if isinstance(want, TensorType):
+        return _read_only(np.asarray(value))
+    kind = list if isinstance(want, SequenceType) else dict if isinstance(want, MapType) else object
+    elem = getattr(getattr(want, "elem", None), "dtype", None)
+    wrong = not isinstance(value, kind)
+    if wrong or (kind is list and any(not isinstance(v, np.ndarray) or elem not in (None, v.dtype) for v in value)):
+        got = type(value).__name__ if wrong else f"elements {[str(getattr(v, 'dtype', type(v).__name__)) for v in value]}"
+        raise BadFeedError(f"input {name!r} is declared {declared}: got {got}")
+    return [_read_only(v) for v in value] if kind is list else value
 
 
 def _fmt(shape: Sequence[Any]) -> str:

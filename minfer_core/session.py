@@ -30,10 +30,6 @@ from .plugins import Registry, active_registry, get_registry
 from .session_options import (DOCS, PASS_LEVELS, ExecutionMode, GraphOptimizationLevel, RunOptions, SessionOptions,
                               check_providers, get_available_providers, get_device)
 
-__all__ = ["ExecutionMode", "GraphOptimizationLevel", "InferenceSession", "ModelBytes", "ModelMetadata", "RunOptions",
-           "SessionOptions", "check_providers", "get_available_providers", "get_device"]
-
-
 @attrs.frozen
 class ModelMetadata:
     """What `InferenceSession.get_modelmeta` returns: onnxruntime's ModelMetadata fields."""

@@ -53,45 +53,45 @@ class TensorType:
         return f"{self.dtype.name}[{dims}]"
 
 
+class _NonTensor:
+    """A value type with no tensor shape: the memory planner leaves such values out of the arena."""
+
+    shape = rank = nbytes = None
+    is_static = False
+
+
 @attrs.frozen
-class SequenceType:
+class SequenceType(_NonTensor):
     """A sequence of ``elem`` values (a TensorType, or None when unknown): at run time a Python list of arrays."""
 
     elem: Any = None
-    shape = rank = nbytes = None  # no tensor shape: the memory planner leaves such values out of the arena
-    is_static = False
 
     def __str__(self) -> str:
         return f"seq({self.elem or '?'})"
 
 
 @attrs.frozen
-class OptionalType:
+class OptionalType(_NonTensor):
     """An optional ``elem`` (a TensorType or SequenceType): at run time the value, or None when empty."""
 
     elem: Any = None
-    shape = rank = nbytes = None
-    is_static = False
 
     def __str__(self) -> str:
         return f"optional({self.elem or '?'})"
 
 
 @attrs.frozen
-class MapType:
+class MapType(_NonTensor):
     """A map from ``key`` (an integer or string dtype) to ``value`` values: at run time a Python dict (ai.onnx.ml)."""
 
     key: np.dtype = attrs.field(converter=_as_dtype)
     value: Any = None
-    shape = rank = nbytes = None
-    is_static = False
 
     def __str__(self) -> str:
         return f"map({self.key.name},{self.value or '?'})"
 
 
 ValueType = Union[TensorType, SequenceType, OptionalType, MapType]
-NON_TENSOR = (SequenceType, OptionalType, MapType)
 
 
 @attrs.frozen(eq=False)

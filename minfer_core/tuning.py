@@ -89,7 +89,7 @@ def store() -> ChoiceStore:
     """The choice store of this machine in the cache folder (``MINFER_CACHE``, default ``~/.cache/minfer``)."""
     folder = Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer")
     path = folder / f"tuning-{fingerprint()}.json"
-    return _STORES.setdefault(path, ChoiceStore(path))
+    return _STORES.get(path) or _STORES.setdefault(path, ChoiceStore(path))  # the file is read once per process
 
 
 def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> int:
@@ -123,10 +123,6 @@ def seconds(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
     return time.perf_counter() - start
 
 
-def _shape_key(args: Sequence[Any]) -> tuple[Any, ...]:
-    return tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else None for a in args)
-
-
 class Choice:
     """A node's run callable over several kernels' prepared callables: per input shapes, the one `choose` picks.
 
@@ -139,7 +135,7 @@ class Choice:
         self._chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        shapes = _shape_key(args)
+        shapes = tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else None for a in args)
         fn = self._chosen.get(shapes)
         if fn is None:
             trial = {**kwargs, "epilogue": None} if "epilogue" in kwargs else kwargs
@@ -150,14 +146,11 @@ class Choice:
 
 def node_kernels(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any], domain: str,
                  provider: str) -> tuple[Kernel, list[Kernel]] | None:
-    """What a node's step declares, and the kernels it runs: the registry's choice alone, or timed candidates.
+    """(what the node's step declares, the kernels it runs), None when no kernel can compute the node.
 
-    Candidates are the kernels that apply at the newest ``since`` and call
-    like the top-priority one (same ``out`` and ``epilogue``), unless a preference
-    (``MINFER_PREFER``) names the plugin for the op. With several,
-    the step declares what holds for all of them: never in place, views
-    unless every one promises none, packed only where every one packs.
-    None when no kernel can compute the node.
+    Candidates: the kernels that apply and call like the top-priority one (same ``out`` and ``epilogue``),
+    unless a preference names a plugin or tuning is off. Several declare what holds for all (never in place,
+    views unless none may, packed only where all pack).
     """
     top = registry.select_kernel(domain, ctx.op_type, ctx.opset, provider, ctx, attributes)
     if top is None:
