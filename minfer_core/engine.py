@@ -101,7 +101,7 @@ class Engine:
             self.provider = provider
             build = dict(passes=passes, disabled_passes=tuple(disabled_passes), registry=self.registry,
                          provider=provider, threads=threads, strict=strict,
-                         parallel=None if chosen.name == "processes" else chosen.name)  # a subgraph forks no team
+                         parallel="sequential")  # a body runs inside its node's step: the enclosing run's pool is set up
             self.program = bind(graph, self.registry, provider, build)
         self.parallel = chosen.name
         self.executor = chosen.factory(self.program, {"threads": self.threads, "inter_op": inter_op})

@@ -450,11 +450,11 @@ def free_values(graph: Graph) -> set[str]:
 
 
 def implicit_inputs(node: Node) -> tuple[str, ...]:
-    """Outer-scope values a node's subgraph attributes read (uses that are not in ``node.inputs``)."""
+    """Outer-scope values a node's subgraph attributes read (a body may read one of the node's own inputs too)."""
     names: set[str] = set()
     for sub in _node_subgraphs(node):
         names |= free_values(sub)
-    return tuple(sorted(names - set(node.inputs)))
+    return tuple(sorted(names))
 
 
 def _holds_graph(node: Node) -> int:

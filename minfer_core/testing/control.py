@@ -2,10 +2,12 @@
 
 - `BodyBuilder`: a `GraphBuilder` for a subgraph (names of its own, reads of
   the enclosing graph's values allowed, output types declared).
-- `if_motif`, `loop_motif`: motifs for `strategies.graphs` (a value of the
-  input's shape computed through an If or a Loop).
-- `constant_if_graphs`: If nodes whose condition is a constant (or, for
-  contrast, computed from an input), the target of a constant-If pass.
+- `if_motif`, `loop_motif`, `scan_motif`: motifs for `strategies.graphs` (a
+  value of the input's shape computed through an If, a Loop or a Scan).
+- `if_node`, `computed_condition`: pieces for a pass's target strategy
+  (minfer-passes' constant-If pass builds its own from them).
+
+This module does not import `strategies` (which imports it for its motifs).
 """
 
 from __future__ import annotations
@@ -59,9 +61,10 @@ def _unary_chain(draw: Any, b: GraphBuilder, x: str, dtype: Any, ops: Sequence[s
 
 
 def _ops(opset: int) -> list[str]:
-    from .strategies import has_kernels
+    from ..plugins import get_registry
 
-    return [op for op in UNARY if has_kernels(op, opset=opset)]
+    reg = get_registry()
+    return [op for op in UNARY if reg.select_kernel("", op, opset) is not None]
 
 
 def _branch(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any, tag: str,
@@ -114,32 +117,21 @@ def loop_motif(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype
     return final
 
 
-@st.composite
-def constant_if_graphs(draw: Any) -> Graph:
-    """If nodes whose condition is a constant (the pass inlines them), in random context.
-
-    Sometimes the condition is a Constant node (folding makes it an
-    initializer first) or computed from the input (nothing to inline); a
-    branch may return an outer value or one value twice; the If output may
-    be a graph output or read twice.
-    """
-    from .strategies import expose, shapes
-
-    b = GraphBuilder(opset=draw(st.sampled_from([13, 17])))
-    dtype = draw(st.sampled_from([np.float32, np.float64]))
-    shape = draw(shapes(1, 3))
-    x = b.input(shape, dtype)
-    how = draw(st.sampled_from(["initializer", "initializer", "Constant", "computed"]))
-    if how == "computed":
-        cond = computed_condition(b, x, dtype)
-    else:
-        value = np.asarray(draw(st.booleans()))
-        cond = b.const(value) if how == "initializer" else b.op("Constant", value=value)
-    outputs = draw(st.integers(1, 2))
-    res = if_node(draw, b, x, shape, dtype, cond, outputs)
-    first = res if outputs == 1 else res[0]
-    expose(draw, b, first)
-    b.output(b.op("Neg", first))
-    if outputs == 2:
-        b.output(res[1])
-    return b.build()
+def scan_motif(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], dtype: Any) -> str:
+    """A motif for `strategies.graphs`: a Scan over axis 0 of ``x`` (forwards or backwards) with a running
+    sum as its state; each step's output, stacked back, is the result (``x``'s shape)."""
+    opset = b.graph.opsets.get("", 17)
+    body = BodyBuilder(opset, b._name("cell"))
+    step_type = TensorType(dtype, shape[1:])
+    acc, x_t = body.typed_input(step_type), body.typed_input(step_type)
+    acc_next = body.op("Add", acc, x_t)
+    y = _unary_chain(draw, body, body.op("Mul", acc_next, x_t) if draw(st.booleans()) else x_t, dtype,
+                     _ops(opset) or ["Identity"])
+    graph = body.body([acc_next, y], [step_type, step_type])
+    zeros = b.const(np.zeros(shape[1:], dtype))
+    direction = draw(st.integers(0, 1))
+    total, ys = b.op("Scan", zeros, x, outputs=2, body=graph, num_scan_inputs=1,
+                     scan_input_directions=[direction], scan_output_directions=[direction])
+    if draw(st.integers(0, 3)) == 0:
+        b.output(total)
+    return ys

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from ..graph import Graph
 from ..tensor import TensorType
 from .builder import GraphBuilder
-from .control import if_motif, loop_motif
+from .control import if_motif, loop_motif, scan_motif
 
 # Two-input ops that do not broadcast elementwise (their shapes follow other rules).
 NOT_ELEMENTWISE = {"MatMul", "MatMulInteger", "QLinearMatMul", "PRelu", "GatherElements", "Gather", "Expand", "Tile"}
@@ -212,7 +212,7 @@ def graphs(draw: Any, max_nodes: int = 8, opset: int = 17, dtypes: Sequence[Any]
     inputs share one type (arity, attributes and the result's shape
     accepted by onnx's own inference for that schema: `inferred_shape`), or a
     motif (Conv + BatchNormalization, pooling, transposes, identities, an
-    If or a Loop whose body reads the value: `control`). The
+    If, a Loop or a Scan over it: `control`). The
     inputs' declared dims are sometimes symbolic or unknown (`loosen`).
     """
     unary, binary = _registered(opset)
@@ -327,4 +327,5 @@ MOTIFS = [
     (_identities, ("Identity", "Dropout", "Reshape")),
     (if_motif, ("If", "ReduceMean", "Greater", "Add")),
     (loop_motif, ("Loop", "Identity", "Add")),
+    (scan_motif, ("Scan", "Add", "Mul")),
 ]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in, onnx_op
 
-from . import activation, cast, detection, elementwise, generate, image, indexing, linalg, linear_attention, logic, nn, pad, random, recurrent, reduce, sequences, shape, signal, strings, training
+from . import activation, cast, control, detection, elementwise, generate, image, indexing, linalg, linear_attention, logic, nn, pad, random, recurrent, reduce, sequences, shape, signal, strings, training
 
 MODULES = (elementwise, activation, reduce, logic, cast, linalg, nn, recurrent, shape, indexing, generate, pad, signal, detection, random, strings,
-           linear_attention, training, image, sequences)
+           linear_attention, training, image, sequences, control)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 

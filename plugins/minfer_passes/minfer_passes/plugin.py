@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from minfer_core import Pass, hookimpl
 
-from . import activation, affine, algebra, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
+from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from ._util import fixpoint
 
 
@@ -56,6 +56,10 @@ PASSES = [
          after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
          doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns="minfer_passes.affine:patterns"),
     _pass(portable.expand_fused, "basic", role="portable"),
+    # after folding (which makes a computed condition a constant), before the passes that clean up after it
+    Pass("constant_if_inlining", control_flow.constant_if_inlining, "basic", after=("constant_folding",),
+         before=("identity_elimination", "dead_code_elimination"),
+         doc=(control_flow.constant_if_inlining.__doc__ or "").strip(), patterns="minfer_passes.control_flow:patterns"),
 ]
 
 
