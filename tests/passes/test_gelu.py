@@ -100,7 +100,10 @@ def test_each_exporter_spelling_fuses_to_one_node_and_matches(spelling):
 
 def test_float64_and_off_constants_keep_their_erf():
     f64 = minfer_core.InferenceSession(_block("torch", TensorProto.DOUBLE).SerializeToString(), passes="all")
-    assert "Erf" in {n.op_type for n in f64.graph.nodes}
+    # elementwise_fusion may take the chain: its Erf step runs the precise registered Erf kernel
+    ops = {n.op_type for n in f64.graph.nodes} | {s for n in f64.graph.nodes if n.op_type == "FusedElementwise"
+                                                  for s in n.attrs["ops"]}
+    assert "Erf" in ops and "Gelu" not in ops
     off = _block("torch")
     off.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.asarray(1.5, np.float32), "r2"))
     sess = minfer_core.InferenceSession(off.SerializeToString(), passes="all")

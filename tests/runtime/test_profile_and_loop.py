@@ -14,13 +14,14 @@ from minfer_parallel.blas import get_blas_threads, set_blas_threads
 
 
 def two_node_model():
+    # run with passes="basic": elementwise_fusion ("extended") would make Relu + Neg one node
     nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"), helper.make_node("Neg", ["h"], ["y"], name="neg")]
     return make_model(nodes, [tensor("x", ["N", 3])], [tensor("y", ["N", 3])])
 
 
 def test_profile_writes_one_chrome_trace_event_per_node_and_run(tmp_path):
     """profile() writes Chrome "X" events per node per run, with op type and output shapes, plus run events."""
-    sess = InferenceSession(two_node_model())
+    sess = InferenceSession(two_node_model(), passes="basic")
     path = tmp_path / "trace.json"
     sess.profile({"x": np.ones((2, 3), np.float32)}, str(path), repeat=2)
     doc = json.loads(path.read_text())
@@ -52,7 +53,7 @@ def test_registered_observers_see_every_node(minfer_plugin):
     """Observers from the register_observers hook are called around each node, in every kind of run."""
     rec = Recorder()
     minfer_plugin(rec)
-    sess = InferenceSession(two_node_model())
+    sess = InferenceSession(two_node_model(), passes="basic")
     for _ in range(2):  # the discovery run and a planned run
         sess.run(None, {"x": np.ones((4, 3), np.float32)})
     assert rec.seen == [("start", "relu"), ("end", "relu", (4, 3)), ("start", "neg"), ("end", "neg", (4, 3))] * 2
@@ -90,7 +91,7 @@ def test_threads_apply_during_runs_only():
     set_blas_threads(2)
     try:
         with use_plugins(Probe()):
-            InferenceSession(two_node_model(), threads=1).run(None, {"x": np.ones((1, 3), np.float32)})
+            InferenceSession(two_node_model(), threads=1, passes="basic").run(None, {"x": np.ones((1, 3), np.float32)})
         assert seen == [1, 1] and get_blas_threads() == 2
     finally:
         set_blas_threads(before)

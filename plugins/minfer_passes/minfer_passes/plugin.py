@@ -13,6 +13,7 @@ from typing import Any, Callable
 from minfer_core import Pass, hookimpl
 
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
+from . import elementwise, elementwise_kernel
 from ._util import fixpoint
 
 
@@ -55,6 +56,13 @@ PASSES = [
     Pass("channel_affine_fusion", affine.channel_affine_fusion, "all", requires=TYPED,
          after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
          doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns="minfer_passes.affine:patterns"),
+    # after every pass that fuses elementwise ops into another node, so it takes only what they leave; before the
+    # scalar forms, which would first split its chains into single-op nodes
+    Pass("elementwise_fusion", elementwise.elementwise_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "identity_elimination", "affine_fusion", "matmul_add_to_gemm", "gelu_fusion",
+                "conv_residual_fusion", "activation_fusion", "channel_affine_fusion", "global_conv_to_gemm"),
+         before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(elementwise.elementwise_fusion.__doc__ or "").strip(), patterns="minfer_passes.elementwise_patterns:patterns"),
     _pass(portable.expand_fused, "basic", role="portable"),
     # after folding (which makes a computed condition a constant), before the passes that clean up after it
     Pass("constant_if_inlining", control_flow.constant_if_inlining, "basic", after=("constant_folding",),
@@ -65,12 +73,12 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS, gelu.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS)
+    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS)
 
 
 @hookimpl

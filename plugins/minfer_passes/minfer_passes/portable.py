@@ -24,6 +24,7 @@ from minfer_core import Graph, Node
 from ._util import MINFER_DOMAIN, add_const, fresh
 from .activation import activation_node
 from .affine import expand_channel_affine
+from .elementwise import expand_elementwise
 from .gelu import expand_gelu
 from .ops import ARITY, BASE_OPS
 
@@ -83,6 +84,7 @@ EXPANDERS = {
     "WeightedSum": _expand_weighted_sum,
     "ChannelAffine": expand_channel_affine,
     "Gelu": expand_gelu,
+    "FusedElementwise": expand_elementwise,
 }
 
 
