@@ -19,7 +19,7 @@ from minfer_core import Program, SequentialExecutor, Stage, intra_op_threads, us
 
 from . import procs
 from .autothreads import AutoThreads, usable_cpus
-from .blas import blas_threads, set_blas_threads
+from .blas import blas_threads, get_blas_threads, set_blas_threads
 from .loops import execute_staged, execute_team, execute_timed
 from .pool import ThreadPool, acquire_pool, made_before_fork, release_pool
 from .stages import SEQUENTIAL_RUNS, Calibration, Item, choose, compose, producers
@@ -53,6 +53,8 @@ class ThreadsExecutor(SequentialExecutor):
         self.auto = AutoThreads() if self.threads == "auto" else None
         most = usable_cpus() if self.threads == "auto" else self.threads or 1
         self.pool = self._acquire(most) if most > 1 else None
+        if self.pool is not None:
+            get_blas_threads()  # finds the BLAS (threadpoolctl: 20-30 ms, once per process) at build, not in a run
         self.deps = producers([sp.ins for sp in program.specs], [sp.outs for sp in program.specs])
         self.branchy = _branchy(self.deps)
         self.stages: dict[Signature, tuple[list[Stage], list[float] | None]] = {}  # stages, branch costs
