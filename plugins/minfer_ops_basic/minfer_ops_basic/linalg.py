@@ -330,18 +330,41 @@ def _exact_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return product_into(np.empty(shape, np.float64), a, b)
 
 
+def _exact_product_f32(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp: np.ndarray | None) -> np.ndarray:
+    """(a - a_zp) @ (b - b_zp) for (..., K) 8-bit a and (K, N) 8-bit b with scalar zero points, exact, as float64.
+
+    Each float32 GEMM sums at most ``chunk`` products of integers below 256 in magnitude: every partial sum
+    is then below 2**24, exact in float32 whatever the order (sgemm, half float64's bytes); chunks add in float64.
+    """
+    a2 = a.reshape(-1, a.shape[-1]).astype(np.float32)
+    a2 -= np.float32(0 if a_zp is None else a_zp)
+    b2 = b.astype(np.float32)
+    b2 -= np.float32(0 if b_zp is None else b_zp)
+    chunk = max(1, (2**24 - 1) // (255 * 255))
+    acc = np.zeros((a2.shape[0], b2.shape[1]), np.float64)
+    for k0 in range(0, b2.shape[0], chunk):
+        acc += a2[:, k0 : k0 + chunk] @ b2[k0 : k0 + chunk]
+    return acc.reshape(a.shape[:-1] + (b.shape[1],))
+
+
 @kernel("MatMulInteger", since=10)
 def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
     """MatMulInteger-10: (A - a_zp) @ (B - b_zp) accumulated exactly, as int32."""
-    # float64 holds every int8*int8 partial sum exactly for K < 2**37, and gets BLAS speed
-    y = _exact_product(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
-    return arr(np.rint(y), np.int32)
+    return arr(np.rint(_integer_product(a, b, a_zero_point, b_zero_point)), np.int32)
+
+
+def _integer_product(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp: np.ndarray | None) -> np.ndarray:
+    """(A - a_zp) @ (B - b_zp) of 8-bit operands, exact, as float64: by float32 GEMMs for a 2-D B and scalar zero
+    points, else in float64 (which holds every int8*int8 partial sum exactly for K < 2**37, at BLAS speed)."""
+    if a.ndim >= 2 and b.ndim == 2 and (a_zp is None or a_zp.size == 1) and (b_zp is None or b_zp.size == 1):
+        return _exact_product_f32(a, b, a_zp, b_zp)
+    return _exact_product(_centered(a, a_zp, True), _centered(b, b_zp, False))
 
 
 @kernel("QLinearMatMul", since=10)
 def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
     """QLinearMatMul-10: exact integer product of the centered operands, rescaled once, rounded, saturated."""
-    acc = _exact_product(_centered(a, a_zero_point, True), _centered(b, b_zero_point, False))
+    acc = _integer_product(a, b, a_zero_point, b_zero_point)
     sa = np.asarray(a_scale, dtype=np.float64)
     sa = sa.reshape(-1, 1) if sa.ndim == 1 else sa  # a 1-D a_scale is per row
     y = acc * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))

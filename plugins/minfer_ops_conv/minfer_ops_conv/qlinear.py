@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from minfer_core import TensorType, kernel, op, same_as_input
+from minfer_core import TensorType, kernel, op, same_as_input, scratch
 
 from . import _geometry as geo
 
@@ -180,26 +180,68 @@ def qlinear_softmax(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=No
     return np.ascontiguousarray(np.moveaxis(y.reshape(moved.shape), -1, axis))
 
 
-def _per_column(v: np.ndarray, zero_point: np.ndarray | None, trans: int) -> np.ndarray:
-    """B - b_zero_point in float64, a 1-D zero point being one per output column."""
-    b = v.T if trans else v
-    zp = 0.0 if zero_point is None else np.asarray(zero_point, dtype=np.float64).reshape(-1)
-    return b.astype(np.float64) - zp
+# |a - a_zp| for 8-bit A and zero point
+A_RANGE = 255
 
 
-@kernel("QGemm", domain=MS, since=1)
-def qgemm(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None, *,
-          alpha=1.0, transA=0, transB=0):
+class HeldB:
+    """QGemm's 8-bit B, held as given (declared packed); centered into float32 scratch on each run.
+
+    ``chunk``: how many rows of B (the inner dimension) one float32 GEMM may sum: every partial sum of
+    ``chunk`` products of 8-bit values is then an integer below 2**24, exact in float32 in any order; the
+    chunks' exact results are added in float64.
+    """
+
+    def __init__(self, b: np.ndarray, zero_point: np.ndarray | None, trans: int) -> None:
+        self.b, self.trans = b, trans  # as given: converted in its own layout (a contiguous read), transposed as a view
+        zp = None if zero_point is None or not np.any(zero_point) else np.asarray(zero_point, np.float32).reshape(-1)
+        # a per-column zero point lies along B's last axis, or its first when B is transposed
+        self.zero = None if zp is None else zp.reshape(-1, 1) if trans and zp.size > 1 else zp
+        widest = float(np.abs(b.astype(np.float32) - (0 if self.zero is None else self.zero)).max(initial=1.0))
+        self.chunk = max(1, int((2**24 - 1) // (A_RANGE * max(widest, 1.0))))
+
+    def centered(self) -> np.ndarray:
+        """B - b_zp as float32 (K, N) (a transposed view when B is) in this thread's scratch."""
+        bf = scratch("minfer_ops_conv-qgemm-b", self.b.shape, np.float32)
+        np.copyto(bf, self.b, casting="unsafe")  # a converting copy, then a float subtract: faster than one mixed loop
+        if self.zero is not None:
+            np.subtract(bf, self.zero, out=bf)
+        return bf.T if self.trans else bf
+
+    def product(self, am: np.ndarray) -> np.ndarray:
+        """(A - a_zp) @ (B - b_zp), exact, as float64 (``am``: the centered A, float32, (M, K))."""
+        bf = self.centered()
+        k = bf.shape[0]
+        if k <= self.chunk:
+            return (am @ bf).astype(np.float64)
+        acc = np.zeros((am.shape[0], bf.shape[1]), np.float64)
+        for k0 in range(0, k, self.chunk):
+            acc += am[:, k0 : k0 + self.chunk] @ bf[k0 : k0 + self.chunk]
+        return acc
+
+
+@kernel("QGemm", domain=MS, since=1, prepare=True, packed=(3,))
+def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
     """QGemm-1 (com.microsoft): alpha * (A - a_zp) (B - b_zp) + C, requantized, or as float32 without y_scale."""
-    am = (a.T if transA else a).astype(np.float64) - float(_zp(a_zero_point))
-    acc = am @ _per_column(b, b_zero_point, transB)  # exact integers: |sum| < 2**53
-    if c is not None:
-        acc += c.astype(np.float64)
-    scale = np.float32(alpha) * _f32(a_scale) * np.asarray(b_scale, dtype=np.float32).reshape(-1)
-    if y_scale is None:
-        return acc.astype(np.float32) * scale
-    v = acc.astype(np.float32) * (scale / _f32(y_scale))
-    return _saturate(v, y_zero_point, _out_dtype(y_zero_point, a))
+    consts = tuple(ctx.constants) + (None,) * 9
+    zp_fixed = consts[5] is not None or len(ctx.input_types) <= 5 or ctx.input_types[5] is None
+    fixed = HeldB(consts[3], consts[5], transB) if consts[3] is not None and zp_fixed else None
+    del ctx, consts  # packed=(3,): the closure must not keep the original B alive through ctx.constants
+
+    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
+        held = fixed if fixed is not None else HeldB(b, b_zero_point, transB)
+        am = (a.T if transA else a).astype(np.float32)
+        am -= _zp(a_zero_point)  # exact: 8-bit values
+        acc = held.product(am)
+        if c is not None:
+            acc += c.astype(np.float64)
+        scale = np.float32(alpha) * _f32(a_scale) * np.asarray(b_scale, dtype=np.float32).reshape(-1)
+        if y_scale is None:
+            return acc.astype(np.float32) * scale
+        v = acc.astype(np.float32) * (scale / _f32(y_scale))
+        return _saturate(v, y_zero_point, _out_dtype(y_zero_point, a))
+
+    return run
 
 
 # ---- shape inference: the float op's, with the quantized output's dtype

@@ -100,6 +100,15 @@ def _tanh(y: np.ndarray, p: list[float]) -> None:
     np.tanh(y, out=y)
 
 
+def _quantize_dequantize(y: np.ndarray, p: list[float]) -> None:
+    """p = [scale, low, high]: y on the grid of a QuantizeLinear -> DequantizeLinear pair (see `qdq`)."""
+    s = y.dtype.type(p[0])
+    np.divide(y, s, out=y)  # QuantizeLinear divides (a multiply by 1/scale rounds some values apart)
+    np.rint(y, out=y)
+    np.clip(y, p[1], p[2], out=y)
+    np.multiply(y, s, out=y)
+
+
 ACTIVATIONS: dict[str, Callable[[np.ndarray, list[float]], None]] = {
     "Relu": _relu,
     "LeakyRelu": _leaky_relu,
@@ -108,6 +117,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray, list[float]], None]] = {
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish,
     "Tanh": _tanh,
+    "QuantizeDequantize": _quantize_dequantize,
 }
 
 

@@ -14,6 +14,7 @@ from minfer_core import Pass, hookimpl
 
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import elementwise, elementwise_kernel
+from . import qdq, qdq_ops
 from ._util import fixpoint
 
 
@@ -56,6 +57,13 @@ PASSES = [
     Pass("channel_affine_fusion", affine.channel_affine_fusion, "all", requires=TYPED,
          after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
          doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns="minfer_passes.affine:patterns"),
+    # before constant_folding, which would fold each int8 weight's DequantizeLinear into a float copy
+    Pass("qdq_fusion", qdq.qdq_fusion, "extended", requires=TYPED, before=("constant_folding",),
+         doc=(qdq.qdq_fusion.__doc__ or "").strip(), patterns="minfer_passes.qdq:patterns"),
+    # before elementwise_fusion, which would take a Relu that this folds into the rounding's bounds
+    Pass("qdq_epilogue_fusion", qdq.qdq_epilogue_fusion, "extended", requires=("qdq_fusion",),
+         after=("activation_fusion", "conv_residual_fusion", "channel_affine_fusion"), before=("elementwise_fusion",),
+         doc=(qdq.qdq_epilogue_fusion.__doc__ or "").strip(), patterns="minfer_passes.qdq:patterns"),
     # after every pass that fuses elementwise ops into another node, so it takes only what they leave; before the
     # scalar forms, which would first split its chains into single-op nodes
     Pass("elementwise_fusion", elementwise.elementwise_fusion, "extended", requires=TYPED,
@@ -73,12 +81,12 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS)
+    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS)
 
 
 @hookimpl

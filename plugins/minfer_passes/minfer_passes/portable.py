@@ -27,6 +27,7 @@ from .affine import expand_channel_affine
 from .elementwise import expand_elementwise
 from .gelu import expand_gelu
 from .ops import ARITY, BASE_OPS
+from .qdq_ops import lower_quantized
 
 
 def _expand_fused(graph: Graph, node: Node) -> None:
@@ -90,7 +91,7 @@ EXPANDERS = {
 
 def expand_fused(graph: Graph) -> bool:
     """Replace every ai.minfer node by the standard ops it stands for."""
-    changed = False
+    changed = lower_quantized(graph)  # first: the fused ops it leaves without their rounding are expanded below
     for node in list(graph.nodes):
         if node.domain == MINFER_DOMAIN and node.op_type in EXPANDERS:
             EXPANDERS[node.op_type](graph, node)
