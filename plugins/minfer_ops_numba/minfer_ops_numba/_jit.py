@@ -1,0 +1,138 @@
+"""How this plugin compiles: ``njit(nogil=True, cache=True, fastmath=False)``, cached in minfer's cache folder.
+
+Compiled machine code is cached on disk so that a later process loads it
+instead of compiling again (see README.md for the figures). The folder is,
+first match wins:
+
+- ``NUMBA_CACHE_DIR`` when the user set it (numba's own setting, for every
+  numba function of the process);
+- ``$MINFER_CACHE/numba`` (``MINFER_CACHE`` as the core reads it);
+- ``~/.cache/minfer/numba``.
+
+Only this plugin's functions are pointed there: numba's ``config.CACHE_DIR``
+is set while their dispatchers are made (numba picks a function's cache
+folder then) and restored right after, so other numba code in the process
+keeps numba's defaults. numba is imported, and a module's functions made
+into dispatchers, at the first call of one of them (`Compiled`): kernels
+call them when they are prepared, at build, never at import. An unwritable folder makes numba fall back to its
+own locations (next to the sources, or its user-wide folder), never an error.
+
+``nogil=True`` lets a compiled function run on another intra-op thread of
+``minfer_core.parallel_for`` at the same time: the split over the cores is
+minfer's pool's, not numba's ``parallel=True`` (which would start a second
+thread pool competing with it for the same two cores). ``fastmath=False``
+keeps IEEE semantics and the order of operations as written, so results
+match the numpy kernels' within float32 rounding.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+CACHE_ENV = "NUMBA_CACHE_DIR"
+
+
+def cache_dir() -> Path:
+    """The folder compiled kernels are cached in (see the module docstring for the order)."""
+    explicit = os.environ.get(CACHE_ENV)
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer"
+    return Path(base) / "numba"
+
+
+class Compiled:
+    """A function to compile with numba on its first call, along with every other `jit` function of its module.
+
+    numba itself is imported only then: ``import numba`` takes 0.2-2 s here (quiet or loaded host), and every
+    process that loads minfer's plugins imports this one, whether or not its models have a node these kernels
+    take.
+    """
+
+    __slots__ = ("fn", "dispatcher")
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self.fn = fn
+        self.dispatcher: Any = None
+
+    def __call__(self, *args: Any) -> Any:
+        if self.dispatcher is None:
+            _compile_module(self.fn.__module__)
+        return self.dispatcher(*args)
+
+
+_PENDING: dict[str, list[Compiled]] = {}
+_LOCK = threading.Lock()
+
+
+def jit(fn: Callable[..., Any]) -> Compiled:
+    """``numba.njit(nogil=True, cache=True, fastmath=False)``, applied at the first call, cached in `cache_dir`."""
+    compiled = Compiled(fn)
+    _PENDING.setdefault(fn.__module__, []).append(compiled)
+    return compiled
+
+
+def _compile_module(name: str) -> None:
+    """Make numba dispatchers of a module's `jit` functions and put them in its namespace, where compiled code
+    looks up the functions it calls (and ``uintp``) when it compiles."""
+    with _LOCK:
+        pending = _PENDING.pop(name, [])
+        if not pending:
+            return
+        import numba
+
+        namespace = vars(sys.modules[name])
+        namespace["uintp"] = numba.uintp
+        saved = numba.config.CACHE_DIR
+        numba.config.CACHE_DIR = str(cache_dir())
+        try:
+            made = [numba.njit(nogil=True, cache=True, fastmath=False)(c.fn) for c in pending]
+        finally:
+            numba.config.CACHE_DIR = saved
+        # every name in place before any proxy hands out its dispatcher: a thread calling one compiles it, and
+        # compiling looks up the functions it calls in the namespace
+        namespace.update((c.fn.__name__, d) for c, d in zip(pending, made))
+        for compiled, dispatcher in zip(pending, made):
+            compiled.dispatcher = dispatcher
+
+
+def uintp(value: int) -> int:
+    """An index as numba's unsigned ``uintp`` inside compiled code (the name is rebound to numba's type when a
+    module compiles): numba then skips its negative-index check, which keeps loops from vectorizing."""
+    return value
+
+
+F32 = np.dtype(np.float32)
+
+
+def input_type(ctx: Any, index: int = 0) -> Any:
+    """The inferred TensorType of input ``index``, or None when unknown or absent."""
+    types = ctx.input_types
+    return types[index] if index < len(types) else None
+
+
+def is_float32(ctx: Any, index: int = 0, rank: int | None = None) -> bool:
+    """Whether input ``index`` is known to be float32 (of rank ``rank`` when given)."""
+    t = input_type(ctx, index)
+    return t is not None and t.dtype == F32 and (rank is None or t.rank == rank)
+
+
+# above the numpy kernels (priority 0): where both apply, this plugin's is the registry's choice, and the one
+# taken without timing (MINFER_TUNE=0)
+PRIORITY = 10
+
+
+def readonly(a: np.ndarray) -> np.ndarray:
+    """A read-only view of ``a``: numba compiles a function once per argument type, and read-only is a type;
+    feeds reach kernels read-only, so every input goes in so and one compiled version serves all."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v

@@ -1,0 +1,115 @@
+"""Conv when depthwise (group == C == M, 2-D, float32): compiled tap loops per (image, channel block).
+
+numpy computes a depthwise conv as a few long passes over copies of the
+input (minfer-ops-conv's depthwise.py): padded copies, tap products, sums,
+each a numpy call with its overhead. Compiled (loops.py), stride 1 copies
+each channel into a zero-bordered plane and adds each tap over the whole
+plane in one loop; stride 2 accumulates each output row tap by tap while it
+sits in L1, reading the input in place. The output is cut into (image,
+channel block) units small enough that a unit's input and output stay in
+L2 until the fused op's epilogue (residual, activation) has run on it; the
+units go over the intra-op threads (`parallel_for`), and since the loops
+release the GIL both cores compute.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+
+from minfer_core import intra_op_threads, kernel, parallel_for, spmd
+
+from ._jit import F32, PRIORITY, is_float32, readonly
+from .loops import weighted_rows, wide_rows
+from .window import Window, window
+
+Epilogue = Callable[[np.ndarray, tuple], None]
+
+# a unit's input and output planes take about this much: they stay in L2 (1 MB here, per core) from the
+# loop to the epilogue
+UNIT_BYTES = 256 << 10
+# below this many multiply-adds a conv runs on one thread: ~150 us of compiled work here (1x192x28x28, 1.4M, took
+# 77 us), while a hand-over to the other thread costs 10-50 us and more on a loaded host
+MIN_SPLIT_MACS = 2_000_000
+
+
+def units(n: int, c: int, plane_bytes: int, macs: int, threads: int) -> tuple[list[tuple[int, int, int]], int]:
+    """(image, c0, c1) units of about UNIT_BYTES, at least one per thread when the conv is worth splitting,
+    and how many parts to split them in."""
+    per = max(1, min(c, UNIT_BYTES // max(plane_bytes, 1)))
+    split = threads > 1 and macs >= MIN_SPLIT_MACS
+    if split and n * math.ceil(c / per) < threads:
+        per = max(1, math.ceil(c / math.ceil(threads / n)))
+    found = [(i, c0, min(c, c0 + per)) for i in range(n) for c0 in range(0, c, per)]
+    return found, min(threads, len(found)) if split else 1
+
+
+def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A 2-D float32 depthwise conv (group == C == M, one input channel per group) with constant weights and
+    non-negative pads."""
+    w = ctx.constants[1] if len(ctx.constants) > 1 else None
+    if not is_float32(ctx, 0, rank=4) or w is None or w.ndim != 4 or w.dtype != F32:
+        return False
+    channels, group = ctx.input_types[0].shape[1], int(attrs.get("group", 1))
+    return (group > 1 and channels == group == w.shape[0] and w.shape[1] == 1
+            and min(attrs.get("pads") or [0]) >= 0 and min(attrs.get("strides") or [1]) >= 1)
+
+
+@kernel("Conv", since=1, priority=PRIORITY, prepare=True, out=True, views=False, packed=(1, 2), epilogue=True,
+        applies=applies)
+def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv-1/11/22, depthwise only (see `applies`): compiled tap loops per (image, channel block)."""
+    w = ctx.constants[1]
+    # copies (packed=(1, 2)): the engine frees the initializers, so nothing here may be a view of them
+    weights = readonly(np.array(w.reshape(w.shape[0], w.shape[2], w.shape[3]), np.float32, copy=True))
+    kernel = weights.shape[1:]
+    st = tuple(strides or (1, 1))
+    dl = tuple(dilations or (1, 1))
+    b = ctx.constants[2] if len(ctx.constants) > 2 else None
+    fixed_bias = None if b is None else readonly(b.astype(np.float32))
+    zeros = readonly(np.zeros(weights.shape[0], np.float32))
+    geometry: dict[tuple[int, ...], Window] = {}
+    cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int]] = {}
+    # stride 1: whole planes in "wide" rows (one loop per tap and plane: 1.2x faster at 112x112, 3.5x at 7x7);
+    # stride 2 row by row (wide rows would compute twice the outputs: 2x slower at 56x56)
+    loop = wide_rows if st == (1, 1) else weighted_rows
+    _warm(loop, weights, st, dl)
+
+    def run(x, w=None, b=None, *, out=None, epilogue=None):
+        n, c = x.shape[:2]
+        if x.shape[1:] not in geometry:
+            geometry[x.shape[1:]] = window(x.shape[2:], kernel, st, dl, pads, auto_pad, clamp_same=True)
+        begin, _, out_shape = geometry[x.shape[1:]]
+        y = out if out is not None else np.empty((n, c) + out_shape, np.float32)
+        if y.size == 0:
+            return y
+        bias = fixed_bias if fixed_bias is not None else zeros if b is None else readonly(np.ascontiguousarray(b))
+        threads = intra_op_threads()
+        key = (n, threads) + x.shape[1:]
+        if key not in cuts:
+            plane = (x.shape[2] * x.shape[3] + math.prod(out_shape)) * 4
+            cuts[key] = units(n, c, plane, n * c * math.prod(out_shape) * math.prod(kernel), threads)
+        found, parts = cuts[key]
+        xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
+
+        def span(lo: int, hi: int) -> None:
+            for i, c0, c1 in found[lo:hi]:
+                loop(xs[i], weights, bias, y[i], c0, c1, st[0], st[1], begin[0], begin[1], dl[0], dl[1])
+                if epilogue is not None:
+                    epilogue(y, (slice(i, i + 1), slice(c0, c1)))
+
+        parallel_for(len(found), span, parts=parts, outputs_only=True)  # a unit writes only its y block
+        return y
+
+    # every unit writes only its own block of y, inside parallel_for(outputs_only=True): a process team may share it
+    return spmd(run)
+
+
+def _warm(loop: Any, weights: np.ndarray, strides: tuple[int, ...], dilations: tuple[int, ...]) -> None:
+    """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
+    of the kernels the core compares."""
+    x = readonly(np.zeros((1, 4, 4), np.float32))
+    loop(x, weights[:1], readonly(np.zeros(1, np.float32)), np.zeros((1, 2, 2), np.float32), 0, 1,
+          strides[0], strides[1], 0, 0, dilations[0], dilations[1])

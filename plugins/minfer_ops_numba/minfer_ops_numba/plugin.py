@@ -1,0 +1,22 @@
+"""Entry point of minfer-ops-numba: registers its kernels, above the numpy ones, through the public hooks.
+
+It claims no op (``onnx_op``): minfer-ops-conv and minfer-ops-basic do, and
+without them these kernels would have nothing to override. Each kernel says
+through ``applies`` which nodes it computes (a depthwise Conv, a float32
+pool); the numpy kernels keep every other node.
+"""
+
+from __future__ import annotations
+
+from minfer_core import hookimpl, kernels_in
+
+from . import activation, depthwise, pool, resize
+
+# a new module of kernels joins this tuple (and its ops, if it declares any, a register_ops hook)
+MODULES = (depthwise, pool, activation, resize)
+KERNELS = kernels_in(*MODULES)  # found, not hand-kept
+
+
+@hookimpl
+def register_kernels(register):
+    register(*MODULES)  # every @kernel record the modules define

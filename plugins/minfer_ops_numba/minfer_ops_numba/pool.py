@@ -1,0 +1,160 @@
+"""MaxPool and AveragePool (2-D, float32, strides of 2 or more): compiled loops over planes.
+
+Separable, as the numpy kernel reduces (loops.pool_rows): per output row the
+window's input rows are combined into one row, from which each output takes
+its taps; the padding is the loop bounds. Planes are cut into units of about
+UNIT_BYTES that go over the intra-op threads. Stride-1 pools stay with the
+numpy kernel, which was faster there (`_applies_2d`).
+
+GlobalAveragePool is not here: the numpy kernel's row sums are one BLAS
+matrix-vector product, which a compiled loop did not beat (1x1024x7x7:
+16 us against 6.7).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minfer_core import intra_op_threads, kernel, parallel_for, spmd
+
+from ._jit import PRIORITY, is_float32, readonly
+from .loops import pool_rows, scale_planes
+from .window import Window, window
+
+UNIT_BYTES = 256 << 10  # a unit's planes, in and out: they stay in L2 while it runs
+# from this many input cells a pool is split over the threads (~300 us of work here; the hand-over costs 10-50 us)
+MIN_SPLIT_CELLS = 600_000
+
+
+def _counts(in_shape: tuple[int, ...], w: Window, kernel: tuple[int, ...], strides: tuple[int, ...],
+            dilations: tuple[int, ...], include_pad: bool) -> np.ndarray:
+    """How many taps of each output window fall on data (or on data and declared pads): (OH, OW)."""
+    counts = np.ones((), np.float64)
+    for i, k, s, d, b, f, o in zip(in_shape, kernel, strides, dilations, w.begin, w.end, w.out_shape):
+        pos = np.arange(o)[:, None] * s - b + np.arange(k)[None, :] * d
+        lo, hi = (-b, i + f) if include_pad else (0, i)
+        counts = np.multiply.outer(counts, ((pos >= lo) & (pos < hi)).sum(axis=1))
+    return counts
+
+
+def _scale(counts: np.ndarray) -> np.ndarray:
+    """1/count per output as float32 (as the numpy kernel multiplies); NaN where a window has no data."""
+    with np.errstate(divide="ignore"):
+        return readonly(np.ascontiguousarray(np.where(counts > 0, 1.0 / counts, np.nan).astype(np.float32)))
+
+
+def _plane_units(planes: int, plane_bytes: int, cells: int, threads: int) -> tuple[list[tuple[int, int]], int]:
+    """(p0, p1) ranges of about UNIT_BYTES (at least one per thread when worth splitting) and the parts."""
+    per = max(1, min(planes, UNIT_BYTES // max(plane_bytes, 1)))
+    split = threads > 1 and cells >= MIN_SPLIT_CELLS
+    if split:
+        per = min(per, math.ceil(planes / threads))
+    found = [(p, min(planes, p + per)) for p in range(0, planes, per)]
+    return found, min(threads, len(found)) if split else 1
+
+
+def _pool(average: bool, kernel_shape, strides, pads, auto_pad, dilations=None, ceil_mode=0, include_pad=0):
+    """The run callable of a 2-D pool; geometry and units are worked out once per input shape."""
+    kernel = tuple(int(k) for k in kernel_shape)
+    st, dl = tuple(strides or (1, 1)), tuple(dilations or (1, 1))
+    plans: dict[tuple[int, ...], Any] = {}
+
+    def plan(shape: tuple[int, ...]) -> Any:
+        w = window(shape[2:], kernel, st, dl, pads, auto_pad, ceil_mode)
+        planes = shape[0] * shape[1]
+        scale = _scale(_counts(shape[2:], w, kernel, st, dl, bool(include_pad))) if average else None
+        plane_bytes = (shape[2] * shape[3] + math.prod(w.out_shape)) * 4
+        return w, scale, _plane_units(planes, plane_bytes, planes * shape[2] * shape[3], intra_op_threads())
+
+    def run(x, *, out=None):
+        key = x.shape + (intra_op_threads(),)
+        if key not in plans:
+            plans[key] = plan(x.shape)
+        w, scale, (found, parts) = plans[key]
+        y = out if out is not None else np.empty(x.shape[:2] + w.out_shape, np.float32)
+        if y.size == 0:
+            return y
+        src = readonly(np.ascontiguousarray(x)).reshape((-1,) + x.shape[2:])
+        dst = y.reshape((-1,) + w.out_shape)
+        geo = (kernel[0], kernel[1], st[0], st[1], w.begin[0], w.begin[1], dl[0], dl[1])
+
+        def span(lo: int, hi: int) -> None:
+            for p0, p1 in found[lo:hi]:
+                pool_rows(src, dst, not average, p0, p1, *geo)
+                if scale is not None:
+                    scale_planes(dst, scale, p0, p1)
+
+        parallel_for(len(found), span, parts=parts, outputs_only=True)  # a unit writes only its planes of y
+        return y
+
+    _warm(average, (kernel[0], kernel[1], st[0], st[1], 0, 0, dl[0], dl[1]))
+    return spmd(run)
+
+
+def _warm(average: bool, geo: tuple[int, ...]) -> None:
+    """Compile (or load from the cache) at build rather than in the first run (see depthwise._warm)."""
+    x, y = readonly(np.zeros((1, 4, 4), np.float32)), np.zeros((1, 2, 2), np.float32)
+    pool_rows(x, y, not average, 0, 1, *geo)
+    if average:
+        scale_planes(y, readonly(np.ones((2, 2), np.float32)), 0, 1)
+
+
+def _applies_2d(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A float32 NCHW pool with a 2-D kernel, strides of 2 or more and one output (MaxPool's Indices stays with
+    the numpy kernel). Stride 1 stays with numpy too: its pools that keep the plane size were 1.5-2x faster
+    (1x192x28x28 max 3x3: 75 us against 160; bench/kernels.py)."""
+    strides = attrs.get("strides") or (1, 1)
+    return (is_float32(ctx, 0, rank=4) and len(attrs.get("kernel_shape") or ()) == 2 and ctx.num_outputs == 1
+            and min(strides) >= 2)
+
+
+def _pool_kernel(op_type: str, since: int):
+    return kernel(op_type, since=since, priority=PRIORITY, prepare=True, out=True, views=False, applies=_applies_2d)
+
+
+@_pool_kernel("MaxPool", 1)
+def max_pool_1(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, strides=None):
+    """MaxPool-1: max over windows, pads never win."""
+    return _pool(False, kernel_shape, strides, pads, auto_pad)
+
+
+@_pool_kernel("MaxPool", 8)
+def max_pool_8(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, storage_order=0, strides=None):
+    """MaxPool-8: storage_order only matters for the Indices output, which the numpy kernel computes."""
+    return _pool(False, kernel_shape, strides, pads, auto_pad)
+
+
+@_pool_kernel("MaxPool", 10)
+def max_pool_10(ctx, *, auto_pad="NOTSET", ceil_mode=0, dilations=None, kernel_shape, pads=None,
+                storage_order=0, strides=None):
+    """MaxPool-10/11/12/22: adds dilations and ceil_mode."""
+    return _pool(False, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode)
+
+
+@_pool_kernel("AveragePool", 1)
+def average_pool_1(ctx, *, auto_pad="NOTSET", kernel_shape, pads=None, strides=None):
+    """AveragePool-1: mean over windows, pads excluded from the count."""
+    return _pool(True, kernel_shape, strides, pads, auto_pad)
+
+
+@_pool_kernel("AveragePool", 7)
+def average_pool_7(ctx, *, auto_pad="NOTSET", count_include_pad=0, kernel_shape, pads=None, strides=None):
+    """AveragePool-7: adds count_include_pad."""
+    return _pool(True, kernel_shape, strides, pads, auto_pad, include_pad=count_include_pad)
+
+
+@_pool_kernel("AveragePool", 10)
+def average_pool_10(ctx, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, kernel_shape, pads=None,
+                    strides=None):
+    """AveragePool-10/11: adds ceil_mode."""
+    return _pool(True, kernel_shape, strides, pads, auto_pad, None, ceil_mode, count_include_pad)
+
+
+@_pool_kernel("AveragePool", 19)
+def average_pool_19(ctx, *, auto_pad="NOTSET", ceil_mode=0, count_include_pad=0, dilations=None, kernel_shape,
+                    pads=None, strides=None):
+    """AveragePool-19/22: adds dilations."""
+    return _pool(True, kernel_shape, strides, pads, auto_pad, dilations, ceil_mode, count_include_pad)

@@ -1,0 +1,346 @@
+"""minfer-ops-numba's compiled kernels against the numpy kernels they override, and onnx's node cases through them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+
+from minfer_core import Engine, KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_core.parallel import using_threads  # noqa: E402
+from minfer_core.testing.conformance import load_cases, run_case  # noqa: E402
+from minfer_ops_numba import _jit, activation, depthwise, plugin, pool, resize  # noqa: E402
+from modelkit import make_model, ort_run, tensor  # noqa: E402
+from onnx import helper, numpy_helper  # noqa: E402
+
+NUMBA = "minfer-ops-numba"
+COVERED = ("Conv", "MaxPool", "AveragePool", "HardSigmoid", "HardSwish", "Resize")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def numba_plugin():
+    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
+    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
+        yield
+        return
+    with use_plugins(plugin):
+        yield
+
+
+def numpy_kernel(op_type: str, opset: int):
+    """The kernel the registry picks without a node to judge by: the numpy one (``applies`` kernels need one)."""
+    kern = get_registry().select_kernel("", op_type, opset)
+    assert kern is not None and kern.plugin != NUMBA and kern.applies is None
+    return kern
+
+
+def context(op_type: str, inputs, constants=(), outputs: int = 1, opset: int = 22) -> KernelContext:
+    types = tuple(None if x is None else TensorType(x.dtype, x.shape) for x in inputs)
+    consts = tuple(constants) + (None,) * (len(inputs) - len(constants))
+    return KernelContext("node", op_type, opset, types, (None,) * outputs, consts, outputs)
+
+
+def both(kern, op_type: str, opset: int, inputs, attrs, constants=(), outputs: int = 1):
+    """(numba run callable, numpy run callable) prepared for the same node, after checking numba's applies."""
+    ctx = context(op_type, inputs, constants, outputs, opset)
+    assert kern.applies(ctx, attrs)
+    assert get_registry().select_kernel("", op_type, opset, ctx=ctx, attrs=attrs).fn is kern.fn
+    return kern.prepared(ctx, attrs), numpy_kernel(op_type, opset).prepared(ctx, attrs)
+
+
+# ---- depthwise Conv -------------------------------------------------------------------------------------------
+
+DEPTHWISE = [  # (N, C, H, W), kernel, strides, pads, dilations
+    ((1, 32, 40, 40), 3, 1, [1, 1, 1, 1], 1),
+    ((1, 24, 28, 28), 3, 2, [1, 1, 1, 1], 1),
+    ((8, 16, 14, 14), 3, 1, [1, 1, 1, 1], 1),
+    ((2, 7, 9, 11), 5, 2, [2, 2, 2, 2], 1),
+    ((3, 5, 13, 6), 5, 1, [0, 1, 2, 3], 1),  # asymmetric pads, narrower than the kernel's reach
+    ((1, 6, 7, 9), 3, 2, [0, 0, 0, 0], 1),
+    ((2, 4, 11, 10), 3, 1, [2, 2, 2, 2], 2),
+    ((1, 3, 2, 3), 5, 2, [2, 2, 2, 2], 1),  # every window mostly padding
+]
+
+
+@pytest.mark.parametrize("shape, k, s, pads, d", DEPTHWISE)
+@pytest.mark.parametrize("bias", ["constant", "input", "none"])
+def test_depthwise_matches_numpy(shape, k, s, pads, d, bias):
+    """A depthwise Conv computes what the numpy Conv does, within float32 rounding, for pads, strides, dilations
+    and bias as a constant, an input or absent."""
+    rng = np.random.default_rng(sum(shape) + k)
+    n, c, h, wd = shape
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal((c, 1, k, k), dtype=np.float32)
+    b = rng.standard_normal(c, dtype=np.float32) if bias != "none" else None
+    attrs = dict(group=c, kernel_shape=[k, k], strides=[s, s], pads=pads, dilations=[d, d])
+    inputs = [x, w] + ([b] if b is not None else [])
+    consts = [None, w] + ([b] if bias == "constant" else [])
+    fast, ref = both(depthwise.conv, "Conv", 22, inputs, attrs, consts)
+    want = ref(*inputs)
+    out = np.full(want.shape, np.nan, np.float32)
+    got = fast(*inputs, out=out)
+    assert got is out
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * k * k)
+
+
+@pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
+def test_depthwise_auto_pad(auto_pad):
+    """auto_pad resolves to the numpy Conv's pads and output size."""
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((2, 6, 10, 7), dtype=np.float32)
+    w = rng.standard_normal((6, 1, 4, 3), dtype=np.float32)
+    attrs = dict(group=6, kernel_shape=[4, 3], strides=[2, 3], auto_pad=auto_pad)
+    fast, ref = both(depthwise.conv, "Conv", 22, [x, w], attrs, [None, w])
+    np.testing.assert_allclose(fast(x, w), ref(x, w), rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_depthwise_epilogue_finishes_each_region_once(threads):
+    """The epilogue sees regions of the output covering it exactly once, finished, also split over two threads."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 64, 56, 56), dtype=np.float32)  # enough work to split
+    w = rng.standard_normal((64, 1, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(64, dtype=np.float32)
+    attrs = dict(group=64, kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1])
+    fast, ref = both(depthwise.conv, "Conv", 22, [x, w, b], attrs, [None, w, b])
+    want = ref(x, w, b)
+    seen = np.zeros(want.shape, int)
+    lock = threading.Lock()
+    y = np.empty_like(want)
+
+    def epilogue(out, region):
+        assert out is y
+        with lock:
+            seen[region] += 1
+        np.negative(out[region], out=out[region])  # once-only and visible
+
+    with using_threads(threads):
+        fast(x, w, b, out=y, epilogue=epilogue)
+    assert (seen == 1).all()
+    np.testing.assert_allclose(-y, want, rtol=1e-5, atol=1e-4)
+
+
+def test_depthwise_applies_only_to_depthwise_float32():
+    """The numba Conv takes depthwise float32 nodes with constant weights; numpy's keeps the rest."""
+    x = np.zeros((1, 8, 5, 5), np.float32)
+    dw, full = np.zeros((8, 1, 3, 3), np.float32), np.zeros((8, 8, 3, 3), np.float32)
+    grouped = np.zeros((8, 2, 3, 3), np.float32)
+    assert depthwise.applies(context("Conv", [x, dw], [None, dw]), {"group": 8})
+    for w, group, consts in [(full, 1, [None, full]), (grouped, 4, [None, grouped]), (dw, 8, [])]:
+        assert not depthwise.applies(context("Conv", [x, w], consts), {"group": group})
+        assert get_registry().select_kernel("", "Conv", 22, ctx=context("Conv", [x, w], consts),
+                                            attrs={"group": group}).plugin != NUMBA
+    x64, dw64 = x.astype(np.float64), dw.astype(np.float64)
+    assert not depthwise.applies(context("Conv", [x64, dw64], [None, dw64]), {"group": 8})
+
+
+def test_fused_depthwise_block_runs_the_numba_conv_and_matches_onnxruntime(monkeypatch):
+    """A depthwise Conv + residual + Clip block, fused into FusedConv, runs the numba conv inside it (its epilogue
+    applied per unit) and gives onnxruntime's outputs."""
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    calls = []
+    loop = depthwise.wide_rows
+    monkeypatch.setattr(depthwise, "wide_rows", lambda *a: calls.append(a[4:6]) or loop(*a))  # (c0, c1) per unit
+    rng = np.random.default_rng(8)
+    c = 24
+    w = numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3), dtype=np.float32) * 0.3, "w")
+    b = numpy_helper.from_array(rng.standard_normal(c, dtype=np.float32), "b")
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], group=c, kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["conv", "x"], ["sum"]),
+             helper.make_node("Clip", ["sum", "lo", "hi"], ["y"])]
+    lo, hi = numpy_helper.from_array(np.float32(0), "lo"), numpy_helper.from_array(np.float32(6), "hi")
+    model = make_model(nodes, [tensor("x", [2, c, 17, 19])], [tensor("y", [2, c, 17, 19])], [w, b, lo, hi])
+    x = rng.standard_normal((2, c, 17, 19), dtype=np.float32)
+    engine = Engine(model)
+    assert [spec.kernel.op_type for spec in engine.program.specs] == ["FusedConv"]
+    calls.clear()  # the call compiling it at build
+    got = engine.run(None, {"x": x})[0]
+    assert calls  # the fused op's Conv is this plugin's
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+# ---- pools ------------------------------------------------------------------------------------------------------
+
+POOLS = [  # shape, attributes (strides of 2 or more: stride 1 stays with numpy)
+    ((1, 16, 28, 28), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((8, 8, 15, 15), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 0, 0], ceil_mode=1)),
+    ((2, 5, 9, 11), dict(kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 1, 1], ceil_mode=1)),
+    ((2, 5, 9, 11), dict(kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_LOWER", dilations=[2, 1])),
+    ((2, 5, 9, 11), dict(kernel_shape=[2, 2], strides=[3, 3], auto_pad="SAME_UPPER")),  # negative SAME pads
+    ((1, 3, 7, 7), dict(kernel_shape=[7, 7], strides=[7, 7])),  # one window over the plane
+    ((3, 4, 6, 5), dict(kernel_shape=[5, 5], strides=[2, 2], pads=[2, 2, 2, 2])),  # windows mostly padding
+    ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+]
+
+
+@pytest.mark.parametrize("shape, attrs", POOLS)
+def test_max_pool_matches_numpy(shape, attrs):
+    """MaxPool gives the numpy kernel's values exactly (a max rounds nothing), NaN included."""
+    x = np.random.default_rng(3).standard_normal(shape, dtype=np.float32)
+    x.reshape(-1)[::17] = np.nan
+    fast, ref = both(pool.max_pool_10, "MaxPool", 22, [x], attrs)
+    np.testing.assert_array_equal(fast(x, out=np.empty_like(ref(x))), ref(x))
+
+
+@pytest.mark.parametrize("shape, attrs", POOLS)
+@pytest.mark.parametrize("include_pad", [0, 1])
+def test_average_pool_matches_numpy(shape, attrs, include_pad):
+    """AveragePool gives the numpy kernel's values within float32 rounding, with and without pads counted."""
+    x = np.random.default_rng(4).standard_normal(shape, dtype=np.float32)
+    attrs = dict(attrs, count_include_pad=include_pad)
+    fast, ref = both(pool.average_pool_19, "AveragePool", 22, [x], attrs)
+    np.testing.assert_allclose(fast(x), ref(x), rtol=1e-6, atol=1e-6)
+
+
+def test_pool_split_over_threads_matches_serial():
+    """Split over two threads, a pool computes the same values as on one."""
+    x = np.random.default_rng(5).standard_normal((4, 64, 56, 56), dtype=np.float32)
+    attrs = dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    fast, ref = both(pool.max_pool_10, "MaxPool", 22, [x], attrs)
+    with using_threads(2):
+        split = fast(x)
+    np.testing.assert_array_equal(split, ref(x))
+
+
+def test_pools_left_to_numpy():
+    """MaxPool with its Indices output, stride-1, float64 and 1-D pools are left to the numpy kernels."""
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    attrs = {"kernel_shape": [2, 2], "strides": [2, 2]}
+    assert pool.max_pool_10.applies(context("MaxPool", [x]), attrs)
+    assert not pool.max_pool_10.applies(context("MaxPool", [x], outputs=2), attrs)
+    assert not pool.max_pool_10.applies(context("MaxPool", [x]), {"kernel_shape": [2, 2]})
+    assert not pool.average_pool_19.applies(context("AveragePool", [x]), dict(attrs, strides=[2, 1]))
+    assert not pool.max_pool_10.applies(context("MaxPool", [x.astype(np.float64)]), attrs)
+    assert not pool.max_pool_10.applies(context("MaxPool", [x[0]]), {"kernel_shape": [2], "strides": [2]})
+
+
+# ---- activations ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(7,), (1, 96, 56, 56), (3, 1, 1000)])
+@pytest.mark.parametrize("kern, attrs", [(activation.hard_swish, {}), (activation.hard_sigmoid, {}),
+                                         (activation.hard_sigmoid, {"alpha": 0.3, "beta": 0.4})])
+def test_hard_activations_same_bits_as_numpy(shape, kern, attrs):
+    """HardSwish and HardSigmoid give the numpy kernels' very bits (same float32 formula), inf and NaN included."""
+    x = np.random.default_rng(6).standard_normal(shape, dtype=np.float32) * 4
+    x.reshape(-1)[:3] = [np.nan, np.inf, -np.inf]
+    fast, ref = both(kern, kern.op_type, 22, [x], attrs)
+    np.testing.assert_array_equal(fast(x), ref(x))
+    y = x.copy()
+    assert fast(y, out=y) is y  # in place, as declared
+    np.testing.assert_array_equal(y, ref(x))
+
+
+# ---- Resize ------------------------------------------------------------------------------------------------------
+
+RESIZES = [  # shape, coordinate_transformation_mode, scales, sizes
+    ((1, 16, 20, 20), "asymmetric", [1, 1, 2, 2], None),
+    ((2, 8, 14, 14), "half_pixel", [1, 1, 2, 2], None),
+    ((2, 3, 7, 9), "align_corners", None, [2, 3, 15, 4]),
+    ((2, 3, 7, 9), "half_pixel", [1, 1, 0.5, 1.7], None),  # down one axis, up the other
+    ((2, 3, 7, 9), "pytorch_half_pixel", [1, 1, 1, 2.5], None),  # H left as it is
+    ((1, 2, 1, 5), "pytorch_half_pixel", None, [1, 2, 1, 1]),  # a length-1 output
+]
+
+
+@pytest.mark.parametrize("shape, coordinates, scales, sizes", RESIZES)
+@pytest.mark.parametrize("kern, opset", [(resize.resize_11, 13), (resize.resize_18, 19)])
+def test_linear_resize_same_bits_as_numpy(shape, coordinates, scales, sizes, kern, opset):
+    """Linear Resize of H and W gives the numpy kernel's very bits (same tables, same arithmetic, same order)."""
+    x = np.random.default_rng(9).standard_normal(shape, dtype=np.float32)
+    sc = np.array(scales or [], np.float32)
+    inputs = [x, None, sc] + ([] if sizes is None else [np.array(sizes, np.int64)])
+    attrs = dict(mode="linear", coordinate_transformation_mode=coordinates)
+    fast, ref = both(kern, "Resize", opset, inputs, attrs, [None] + inputs[1:])
+    want = ref(*inputs)
+    np.testing.assert_array_equal(fast(*inputs, out=np.empty_like(want)), want)
+
+
+def test_upsampling_model_runs_the_numba_resize_and_matches_onnxruntime(monkeypatch):
+    """A 2x linear upsampling (constant scales, as exporters write it) binds the numba Resize and gives
+    onnxruntime's outputs."""
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    node = helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="linear")
+    model = make_model([node], [tensor("x", [2, 8, 13, 10])], [tensor("y", [2, 8, 26, 20])], [scales], opset=19)
+    x = np.random.default_rng(10).standard_normal((2, 8, 13, 10), dtype=np.float32)
+    engine = Engine(model)
+    assert [spec.kernel.plugin for spec in engine.program.specs] == [NUMBA]
+    np.testing.assert_allclose(engine.run(None, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-6)
+
+
+def test_resize_left_to_numpy():
+    """Nearest, antialiased, cropping and runtime-scaled Resizes, and ones changing N or C, stay with numpy."""
+    x = np.zeros((1, 2, 4, 4), np.float32)
+    sc = np.array([1, 1, 2, 2], np.float32)
+    linear = {"mode": "linear"}
+    assert resize.applies(context("Resize", [x, None, sc], [None, None, sc]), linear)
+    for attrs in ({}, {"mode": "nearest"}, dict(linear, antialias=1),
+                  dict(linear, coordinate_transformation_mode="tf_crop_and_resize"), dict(linear, axes=[2, 3])):
+        assert not resize.applies(context("Resize", [x, None, sc], [None, None, sc]), attrs)
+    assert not resize.applies(context("Resize", [x, None, sc]), linear)
+    wider = np.array([1, 2, 2, 2], np.float32)
+    assert not resize.applies(context("Resize", [x, None, wider], [None, None, wider]), linear)
+
+
+# ---- onnx's node cases, the compile cache ----------------------------------------------------------------------
+
+
+CASES = [c for c in load_cases() if c.op_type[0] == "" and c.op_type[1] in COVERED]
+
+
+def test_node_cases_of_covered_ops_pass_through_numba(monkeypatch):
+    """onnx's node cases of the covered ops pass with the numba kernels taken first (no timing), and some cases of
+    every covered op but Conv and Resize run them (their cases feed weights and scales as inputs, not constants:
+    the model tests are the ones for those)."""
+    monkeypatch.setenv("MINFER_TUNE", "0")  # the highest priority that applies, not a timed choice
+    ran = set()
+    for case in CASES:
+        run_case(case)
+        ran |= {spec.kernel.op_type for spec in Engine(case.proto).program.specs if spec.kernel.plugin == NUMBA}
+    assert ran == set(COVERED) - {"Conv", "Resize"}
+
+
+def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
+    """Compiled code is cached in NUMBA_CACHE_DIR when set, else $MINFER_CACHE/numba, else ~/.cache/minfer/numba."""
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.delenv("MINFER_CACHE", raising=False)
+    assert _jit.cache_dir() == Path.home() / ".cache" / "minfer" / "numba"
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    assert _jit.cache_dir() == tmp_path / "numba"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
+    assert _jit.cache_dir() == tmp_path / "mine"
+
+
+def test_compiled_code_lands_in_the_cache_folder_and_numba_settings_are_restored(tmp_path):
+    """In a fresh process with MINFER_CACHE set, preparing a kernel imports numba, compiles into $MINFER_CACHE/numba
+    and leaves numba's own CACHE_DIR as it was; importing the plugin alone does not import numba."""
+    script = """if True:
+        import sys
+        import numpy as np
+        from minfer_core import KernelContext, TensorType
+        from minfer_ops_numba import activation
+        assert "numba" not in sys.modules
+        x = np.zeros(4, np.float32)
+        ctx = KernelContext("n", "HardSwish", 14, (TensorType(x.dtype, x.shape),), (None,), (None,), 1)
+        activation.hard_swish.prepared(ctx, {})(x)
+        import numba
+        assert numba.config.CACHE_DIR == "", numba.config.CACHE_DIR
+        """
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    subprocess.run([sys.executable, "-c", script], env=dict(env, MINFER_CACHE=str(tmp_path)), check=True)
+    assert list((tmp_path / "numba").rglob("*.nbc"))
+
+
+def test_every_kernel_outranks_numpy_and_declares_applies():
+    """Each numba kernel has a numpy kernel of the same op and version below it, and says which nodes it takes."""
+    for kern in plugin.KERNELS:
+        assert kern.priority > 0 and kern.applies is not None
+        assert numpy_kernel(kern.op_type, kern.since).since == kern.since
