@@ -91,7 +91,10 @@ def test_conv_methods_give_the_threads_result(case):
     expected = threads.run(None, {"x": x})[0]
     for got in _runs(procs_, {"x": x}):
         np.testing.assert_array_equal(got, expected)  # the same tiles, the same GEMMs: bitwise equal
-    assert team.shared_steps > before, "the conv never ran with the worker"
+    # minfer-ops-conv's conv methods pay for sharing; a faster kernel of another plugin (minfer-ops-numba's
+    # depthwise conv, tested without it by scripts/test.sh's second run) may not
+    if all(s.kernel.plugin == "minfer-ops-conv" for s in procs_.program.specs if s.kernel.op_type == "Conv"):
+        assert team.shared_steps > before, "the conv never ran with the worker"
 
 
 def test_a_zoo_model_matches_threads_over_runs():

@@ -14,7 +14,8 @@ BRANCHY = ("inception_v1", "inception_v2", "squeezenet", "shufflenet", "resnet50
 
 @pytest.fixture
 def fixed_methods(monkeypatch):
-    """Conv and depthwise methods chosen without timing, so two sessions pick the same ones."""
+    """Kernels, conv and depthwise methods chosen without timing, so two sessions pick the same ones."""
+    monkeypatch.setenv("MINFER_TUNE", "0")  # the core's timed choice among plugins' kernels (minfer-ops-numba's)
     conv = pytest.importorskip("minfer_ops_conv.conv")
     depthwise = pytest.importorskip("minfer_ops_conv.depthwise")
     monkeypatch.setattr(conv, "TUNE", False)
