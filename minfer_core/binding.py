@@ -112,7 +112,7 @@ def bind(graph: Graph, registry: Registry, provider: str, build: dict[str, Any] 
             if out:
                 slots[out] = len(template)
                 template.append(None)
-        specs.append(_bind_node(graph, slots, node, kern, candidates, build or {}))
+        specs.append(_bind_node(graph, slots, node, kern, candidates, build or {}, registry))
         for name in release_after.get(i, ()):
             # every reader has packed its copy: drop the original now, so build never holds both in full
             value = graph.initializers.pop(name)
@@ -124,7 +124,7 @@ def bind(graph: Graph, registry: Registry, provider: str, build: dict[str, Any] 
 
 
 def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel, candidates: list[Kernel],
-               build: dict[str, Any]) -> StepSpec:
+               build: dict[str, Any], registry: Registry) -> StepSpec:
     ctx = KernelContext.of(node, graph, build)
     inputs = list(node.inputs)
     while inputs and not inputs[-1] and not ctx.outer:
@@ -132,7 +132,7 @@ def _bind_node(graph: Graph, slots: dict[str, int], node: Node, kern: Kernel, ca
     ins = tuple(slots[n] if n else 0 for n in [*inputs, *ctx.outer])
     outs = tuple(slots[n] if n else 0 for n in node.outputs)
     try:
-        fn = prepare(candidates, ctx, node.attrs)
+        fn = prepare(candidates, ctx, node.attrs, registry)
     except MinferError:
         raise
     except Exception as exc:

@@ -1,14 +1,9 @@
 """Choosing among ways to compute a node by timing them on its real inputs; choices persist across processes.
 
-Where several installed kernels apply to a node (``applies=``, any plugins),
-its step is a `Choice`: the first call with new input shapes times each on
-the real inputs and keeps the fastest. A plugin choosing among methods of
-its own (a conv's im2col or Winograd) calls `choose` too. Choices are kept
-by what was timed (op, attributes, shapes, threads, candidates) in
-``<MINFER_CACHE or ~/.cache/minfer>/tuning-<machine fingerprint>.json``: a
-later process, or another model with a node of that shape, skips the timing.
-``MINFER_TUNE=0`` takes the highest priority untimed (a deterministic first
-run); ``minfer tune MODEL --dim ...`` makes a deployment's choices ahead.
+Where several installed kernels apply to a node (``applies=``), its step is a `Choice`: the first call with
+new input shapes times each and keeps the fastest. A plugin choosing among its own methods calls `choose`.
+Choices are stored by what was timed in ``<MINFER_CACHE>/tuning-<machine fingerprint>.json`` for later
+processes; ``MINFER_TUNE=0`` takes the highest priority untimed (docs/kernel-contract.md has the rules).
 """
 
 from __future__ import annotations
@@ -166,13 +161,17 @@ def node_kernels(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any
     return declared, kernels
 
 
-def prepare(kernels: Sequence[Kernel], ctx: KernelContext, attributes: Mapping[str, Any]) -> Callable[..., Any]:
-    """The run callable of a node over `node_kernels`' kernels: the one kernel's, or a `Choice` among them."""
+def prepare(kernels: Sequence[Kernel], ctx: KernelContext, attributes: Mapping[str, Any], registry: Any = None) -> Callable[..., Any]:
+    """The run callable of a node over `node_kernels`' kernels: the one kernel's, or a `Choice` among them.
+
+    A candidate is named with its plugin's version: a stored choice holds until a plugin is upgraded.
+    """
     if len(kernels) == 1:
         return kernels[0].prepared(ctx, attributes)
     consts = [None if c is None else c.shape for c in ctx.constants]
     key = f"{kernels[0].domain}::{ctx.op_type}-{ctx.opset}|{sorted(attributes.items())}|consts={consts}"
-    names = [f"{k.plugin}:{k.fn.__module__}.{k.fn.__qualname__}" for k in kernels]
+    info = getattr(registry, "plugins", {})
+    names = [f"{k.plugin}-{getattr(info.get(k.plugin), 'version', '')}:{k.fn.__module__}.{k.fn.__qualname__}" for k in kernels]
     return Choice(key, names, [k.prepared(ctx, attributes) for k in kernels])
 
 
@@ -180,4 +179,4 @@ def prepare_node(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any
                  provider: str = "numpy") -> tuple[Kernel, Callable[..., Any]] | None:
     """`node_kernels` then `prepare`: what a fused op's kernel uses to run its base op (``FusedConv``'s Conv)."""
     found = node_kernels(registry, ctx, attributes, domain, provider)
-    return None if found is None else (found[0], prepare(found[1], ctx, attributes))
+    return None if found is None else (found[0], prepare(found[1], ctx, attributes, registry))
