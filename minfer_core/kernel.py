@@ -46,7 +46,6 @@ import attrs
 import numpy as np
 
 from .errors import KernelError
-from .graph import implicit_inputs
 from .tensor import TensorType
 
 DEFAULT_PROVIDER = "numpy"
@@ -206,6 +205,8 @@ class KernelContext:
     @classmethod
     def of(cls, node: Any, graph: Any, build: Mapping[str, Any] | None = None) -> KernelContext:
         """The context of ``node`` in ``graph`` (a `Graph`): its types as inferred, its constant inputs."""
+        from .graph import implicit_inputs  # here: importing minfer_core (a plugin's first line) loads no IR
+
         outer = implicit_inputs(node) if graph.holds_subgraphs(node) else ()
         return cls(node.name, node.op_type, graph.opsets.get(node.domain, 1),
                    tuple(graph.type_of(n) if n else None for n in node.inputs),

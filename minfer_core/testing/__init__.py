@@ -23,19 +23,28 @@ Public API for plugin authors (imports nothing heavy; hypothesis loads with
 
 from __future__ import annotations
 
-from .builder import GraphBuilder, random_array, random_feeds
-from .checks import (
-    PassCheckFailure,
-    PassOutcome,
-    UnusableExample,
-    check_pass,
-    check_pipeline,
-    outputs_mismatch,
-    run_graph,
-    signature,
-    tolerance,
-)
-from .suite import load_profile, register_profiles, target_strategy, verify_pass, verify_pipeline
+from typing import Any
+
+# imported on first use: the pytest11 plugin lives in this package, and every pytest run in the environment
+# imports it, so the package itself imports nothing (no graph, engine, onnx or hypothesis)
+_LAZY = {name: module for module, names in {
+    "builder": "GraphBuilder random_array random_feeds",
+    "checks": "PassCheckFailure PassOutcome UnusableExample check_pass check_pipeline outputs_mismatch run_graph "
+              "signature tolerance",
+    "suite": "load_profile register_profiles target_strategy verify_pass verify_pipeline",
+}.items() for name in names.split()}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minfer_core.testing' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f"minfer_core.testing.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "GraphBuilder",

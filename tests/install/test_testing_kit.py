@@ -12,7 +12,8 @@ from minfer_core import MinferError, Pass, PassError
 from minfer_core.testing import PassCheckFailure, load_profile, target_strategy
 
 HERE = Path(__file__).resolve().parent
-HEAVY = ("hypothesis", "onnx", "minfer_core.engine", "minfer_core.plugins", "minfer_core.testing", "minfer_core.graph")
+HEAVY = ("hypothesis", "onnx", "minfer_core.engine", "minfer_core.plugins", "minfer_core.graph", "minfer_core.testing.checks",
+         "minfer_core.testing.suite", "minfer_core.testing.builder")
 
 
 def _noop(graph):
