@@ -66,6 +66,9 @@ DEPTHWISE = [  # (N, C, H, W), kernel, strides, pads, dilations
     ((1, 6, 7, 9), 3, 2, [0, 0, 0, 0], 1),
     ((2, 4, 11, 10), 3, 1, [2, 2, 2, 2], 2),
     ((1, 3, 2, 3), 5, 2, [2, 2, 2, 2], 1),  # every window mostly padding
+    ((1, 8, 56, 56), 5, 2, [2, 2, 2, 2], 1),  # MobileNetV3's 5x5 stride-2 layers
+    ((1, 6, 15, 16), 3, 3, [1, 0, 2, 1], 2),  # stride 3, dilated, asymmetric pads: nine phase planes
+    ((2, 5, 12, 13), 4, 2, [3, 1, 0, 2], 1),  # an even kernel, a pad above the kernel's reach
 ]
 
 
@@ -88,6 +91,33 @@ def test_depthwise_matches_numpy(shape, k, s, pads, d, bias):
     got = fast(*inputs, out=out)
     assert got is out
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * k * k)
+
+
+@pytest.mark.parametrize("shape, k, s, pads, d", DEPTHWISE)
+def test_depthwise_row_loops_give_the_phase_planes_bits(shape, k, s, pads, d):
+    """The two depthwise kernels the core times against each other (phase planes, row loops) give the same bits,
+    whatever the stride, dilation and pads: they add the bias, then the taps in the same order."""
+    rng = np.random.default_rng(sum(shape) + 3 * k)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal((shape[1], 1, k, k), dtype=np.float32)
+    b = rng.standard_normal(shape[1], dtype=np.float32)
+    attrs = dict(group=shape[1], kernel_shape=[k, k], strides=[s, s], pads=pads, dilations=[d, d])
+    ctx = context("Conv", [x, w, b], [None, w, b])
+    assert depthwise.conv_rows.applies(ctx, attrs)
+    phase, rows = depthwise.conv.prepared(ctx, attrs), depthwise.conv_rows.prepared(ctx, attrs)
+    np.testing.assert_array_equal(phase(x, w, b), rows(x, w, b))
+
+
+def test_depthwise_node_has_three_candidates_for_the_core_to_time():
+    """A depthwise float32 node offers the phase-plane kernel, the row-loop kernel (just below it) and numpy's,
+    so the core's timed choice sees all three; MINFER_TUNE=0 takes the phase planes."""
+    x, w = np.zeros((1, 8, 14, 14), np.float32), np.zeros((8, 1, 3, 3), np.float32)
+    ctx, attrs = context("Conv", [x, w], [None, w]), {"group": 8, "kernel_shape": [3, 3]}
+    found = get_registry().kernel_candidates("", "Conv", 22, "numpy", ctx, attrs)
+    assert [k.fn for k in found[:2]] == [depthwise.conv.fn, depthwise.conv_rows.fn]
+    assert found[-1].plugin != NUMBA and len(found) == 3
+    # the core stores the winner by module and qualified name: the two must not share one
+    assert depthwise.conv.fn.__qualname__ != depthwise.conv_rows.fn.__qualname__
 
 
 @pytest.mark.parametrize("auto_pad", ["SAME_UPPER", "SAME_LOWER", "VALID"])
@@ -146,8 +176,8 @@ def test_fused_depthwise_block_runs_the_numba_conv_and_matches_onnxruntime(monke
     applied per unit) and gives onnxruntime's outputs."""
     monkeypatch.setenv("MINFER_TUNE", "0")
     calls = []
-    loop = depthwise.wide_rows
-    monkeypatch.setattr(depthwise, "wide_rows", lambda *a: calls.append(a[4:6]) or loop(*a))  # (c0, c1) per unit
+    loop = depthwise.phase_rows
+    monkeypatch.setattr(depthwise, "phase_rows", lambda *a: calls.append(a[4:6]) or loop(*a))  # (c0, c1) per unit
     rng = np.random.default_rng(8)
     c = 24
     w = numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3), dtype=np.float32) * 0.3, "w")
@@ -177,6 +207,10 @@ POOLS = [  # shape, attributes (strides of 2 or more: stride 1 stays with numpy)
     ((1, 3, 7, 7), dict(kernel_shape=[7, 7], strides=[7, 7])),  # one window over the plane
     ((3, 4, 6, 5), dict(kernel_shape=[5, 5], strides=[2, 2], pads=[2, 2, 2, 2])),  # windows mostly padding
     ((2, 3, 8, 8), dict(kernel_shape=[2, 2], strides=[2, 2])),
+    # rows of 20 outputs and more at stride 2: taps from the row's even and odd cells
+    ((1, 4, 23, 67), dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])),
+    ((2, 3, 12, 54), dict(kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1)),  # squeezenet's, ceil_mode
+    ((1, 2, 9, 48), dict(kernel_shape=[2, 4], strides=[2, 2], pads=[0, 3, 1, 2], dilations=[1, 2])),
 ]
 
 

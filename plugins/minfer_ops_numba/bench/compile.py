@@ -39,9 +39,10 @@ def main() -> None:
     scales = np.array([1, 1, 2, 2], np.float32)
     dw = dict(group=8, kernel_shape=[3, 3], pads=[1] * 4)
     times = {
-        "Conv depthwise s1 (wide_rows)": prepare(depthwise.conv, "Conv", [x, w], [None, w], dw),
-        "Conv depthwise s2 (weighted_rows)": prepare(depthwise.conv, "Conv", [x, w], [None, w],
-                                                     dict(dw, strides=[2, 2])),
+        "Conv depthwise (phase_rows, copies)": prepare(depthwise.conv, "Conv", [x, w], [None, w], dw),
+        "Conv depthwise rows s1 (wide_rows)": prepare(depthwise.conv_rows, "Conv", [x, w], [None, w], dw),
+        "Conv depthwise rows s2 (weighted_rows)": prepare(depthwise.conv_rows, "Conv", [x, w], [None, w],
+                                                          dict(dw, strides=[2, 2])),
         "MaxPool (pool_rows)": prepare(pool.max_pool_10, "MaxPool", [x], [], dict(kernel_shape=[3, 3], strides=[2, 2])),
         "AveragePool (+ scale_planes)": prepare(pool.average_pool_19, "AveragePool", [x], [],
                                                 dict(kernel_shape=[3, 3], strides=[2, 2])),

@@ -2,10 +2,12 @@
 
 numpy computes a depthwise conv as a few long passes over copies of the
 input (minfer-ops-conv's depthwise.py): padded copies, tap products, sums,
-each a numpy call with its overhead. Compiled (loops.py), stride 1 copies
-each channel into a zero-bordered plane and adds each tap over the whole
-plane in one loop; stride 2 accumulates each output row tap by tap while it
-sits in L1, reading the input in place. The output is cut into (image,
+each a numpy call with its overhead. Compiled (loops.py), in two kernels
+the core times against each other (and numpy's) per node: `conv` copies
+each channel into zero-bordered phase planes (one per stride phase: a
+single plane at stride 1) and adds each tap over the whole plane in one
+contiguous loop, at any stride; `conv_rows` accumulates each output row tap
+by tap in L1, reading the input in place. The output is cut into (image,
 channel block) units small enough that a unit's input and output stay in
 L2 until the fused op's epilogue (residual, activation) has run on it; the
 units go over the intra-op threads (`parallel_for`), and since the loops
@@ -22,7 +24,7 @@ import numpy as np
 from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from ._jit import F32, PRIORITY, is_float32, readonly
-from .loops import weighted_rows, wide_rows
+from .loops import phase_rows, weighted_rows, wide_rows
 from .window import Window, window
 
 Epilogue = Callable[[np.ndarray, tuple], None]
@@ -57,10 +59,39 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
             and min(attrs.get("pads") or [0]) >= 0 and min(attrs.get("strides") or [1]) >= 1)
 
 
-@kernel("Conv", since=1, priority=PRIORITY, prepare=True, out=True, views=False, packed=(1, 2), epilogue=True,
-        applies=applies)
-def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """Conv-1/11/22, depthwise only (see `applies`): compiled tap loops per (image, channel block)."""
+def _factory(name: str, pick: Callable[[tuple[int, ...]], Any], doc: str) -> Callable[..., Any]:
+    """The preparing kernel running the loop ``pick(strides)`` (each one's docstring in loops.py), named
+    ``name``: the core stores a timed choice under the kernel's module and qualified name."""
+
+    def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+        return _prepare(ctx, pick, auto_pad, dilations, kernel_shape, pads, strides)
+
+    conv.__doc__, conv.__name__, conv.__qualname__ = doc, name, name
+    return conv
+
+
+def _phase(strides: tuple[int, ...]) -> Any:
+    return phase_rows
+
+
+def _rows(strides: tuple[int, ...]) -> Any:
+    return wide_rows if strides == (1, 1) else weighted_rows
+
+
+# Two kernels for one node, which the core times on the node's real input (and numpy's with them): the phase
+# planes' contiguous loops are 1.3-3x faster on an input in cache (1x72x56x56 5x5 stride 2: 137 against 431 us),
+# but a 56x56 or larger plane read from memory (batch 8) took them 2-2.8x longer than the row loops, which read
+# the input in place while they compute (bench/kernels.py, README)
+_DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=True, applies=applies)
+conv = kernel("Conv", since=1, priority=PRIORITY, **_DECLARED)(_factory(
+    "conv", _phase, "Conv-1/11/22, depthwise only (see `applies`): phase planes, one loop per tap and plane."))
+conv_rows = kernel("Conv", since=1, priority=PRIORITY - 1, **_DECLARED)(_factory(
+    "conv_rows", _rows, "Conv-1/11/22, depthwise only (see `applies`): row loops reading the input in place."))
+
+
+def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], Any], auto_pad: str, dilations: Any, kernel_shape: Any,
+             pads: Any, strides: Any) -> Callable[..., Any]:
+    """The run callable for one node (weights copied and reshaped once)."""
     w = ctx.constants[1]
     # copies (packed=(1, 2)): the engine frees the initializers, so nothing here may be a view of them
     weights = readonly(np.array(w.reshape(w.shape[0], w.shape[2], w.shape[3]), np.float32, copy=True))
@@ -72,9 +103,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     zeros = readonly(np.zeros(weights.shape[0], np.float32))
     geometry: dict[tuple[int, ...], Window] = {}
     cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int]] = {}
-    # stride 1: whole planes in "wide" rows (one loop per tap and plane: 1.2x faster at 112x112, 3.5x at 7x7);
-    # stride 2 row by row (wide rows would compute twice the outputs: 2x slower at 56x56)
-    loop = wide_rows if st == (1, 1) else weighted_rows
+    loop = pick(st)
     _warm(loop, weights, st, dl)
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
