@@ -467,3 +467,13 @@ def test_softmax_cross_entropy_matches_onnxruntime(reduction):
     weights = np.array([0.5, 1.0, 2.0, 1.5], dtype=np.float32)
     attrs = {"reduction": reduction, "ignore_index": -1}
     assert_matches_ort("SoftmaxCrossEntropyLoss", 13, [scores, labels, weights], attrs, num_outputs=2)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("keep", [0, 1])
+def test_reduce_mean_over_trailing_axes_matches_onnxruntime(dtype, keep):
+    """ReduceMean over H and W of an NCHW tensor (a global average pool, summed as one product) matches onnxruntime."""
+    x = RNG.standard_normal((2, 96, 7, 7)).astype(dtype)
+    assert_matches_ort("ReduceMean", 18, [x, np.array([2, 3], np.int64)], {"keepdims": keep}, rtol=1e-6, atol=1e-6)
+    strided = x[:, ::2]  # not contiguous: numpy's reduction
+    assert_matches_ort("ReduceMean", 18, [strided, np.array([-2, -1], np.int64)], {"keepdims": keep}, rtol=1e-6, atol=1e-6)
