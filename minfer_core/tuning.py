@@ -42,11 +42,10 @@ def enabled() -> bool:
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
     """This machine as its timings depend on it: CPU model and count, architecture, numpy and Python versions."""
-    cpu = platform.processor()
-    try:
+    try:  # /proc/cpuinfo first: platform.processor() runs `uname -p` in a subprocess (ms in a first run)
         cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
     except (OSError, StopIteration):
-        pass
+        cpu = platform.processor()
     raw = f"{platform.machine()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{sys.version_info[:2]}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
