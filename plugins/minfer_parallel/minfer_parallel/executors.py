@@ -23,6 +23,7 @@ from .blas import blas_threads, get_blas_threads, set_blas_threads
 from .loops import execute_staged, execute_team, execute_timed
 from .pool import ThreadPool, acquire_pool, made_before_fork, release_pool
 from .stages import SEQUENTIAL_RUNS, Calibration, Item, choose, compose, producers
+from .warmup import touched
 
 INTER_OP = ("auto", "always", "never")
 INTER_OP_ENV = "MINFER_INTER_OP"
@@ -45,7 +46,7 @@ class ThreadsExecutor(SequentialExecutor):
     """
 
     def __init__(self, program: Program, options: Mapping[str, Any], allocate: Any = None) -> None:
-        super().__init__(program, options, allocate)
+        super().__init__(program, options, touched(allocate))  # arena pages fault in as it is made (warmup.py)
         self.inter_op = options.get("inter_op") or os.environ.get(INTER_OP_ENV, "never")
         if self.inter_op not in INTER_OP:
             raise ValueError(f"inter_op must be one of {INTER_OP}, not {self.inter_op!r}")

@@ -27,6 +27,8 @@ from typing import Any, Callable, Iterator
 
 from minfer_core import using_pool
 
+from .warmup import warm
+
 def _cpu_query() -> Callable[[], int] | None:
     """libc's sched_getcpu (the CPU the calling thread runs on), or None where there is none."""
     try:
@@ -193,6 +195,7 @@ class ThreadPool:
         self._users_lock = threading.Lock()
         self._tids: list[int] = []
         self.forks = 0  # (see made_before_fork)
+        self.warmed = 0  # threads that ran warmup.warm's GEMM when acquire_pool made the pool
         self.workers: list[threading.Thread] = []
         started = threading.Barrier(threads)
         for i in range(helpers):
@@ -368,6 +371,7 @@ def acquire_pool(threads: int) -> ThreadPool:
         if pool is None:
             pool = _pools[threads] = ThreadPool(threads)
             pool.forks = _forks
+            pool.warmed = warm(pool)  # its threads' first GEMM and hand-over now, not in a session's first run
         _users[threads] = _users.get(threads, 0) + 1
         return pool
 
