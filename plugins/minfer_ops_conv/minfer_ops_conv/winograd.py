@@ -49,11 +49,15 @@ TUNE_BYTES = (2 << 20, 4 << 20)
 
 
 def transform_weights(w: np.ndarray, m: int = TILE) -> np.ndarray:
-    """G g G^T per (M, C) filter, as an (alpha^2, M, C) stack, computed in float64."""
+    """G g G^T per (M, C) filter, as an (alpha^2, M, C) stack, computed in float64.
+
+    One GEMM with kron(G, G) over all filters at once, not an einsum: numpy's einsum of three operands loops
+    without BLAS (resnet50's 512x512 filters: 75 ms against 16, paid by the first run that tries Winograd).
+    """
     g = _MATRICES[m][1]
     out_c, in_c = w.shape[:2]
-    u = np.einsum("ij,mcjk,lk->ilmc", g, w.astype(np.float64), g)
-    return np.ascontiguousarray(u.reshape(-1, out_c, in_c).astype(w.dtype))
+    u = np.kron(g, g) @ w.astype(np.float64).reshape(out_c * in_c, -1).T  # (alpha^2, M * C)
+    return u.reshape(-1, out_c, in_c).astype(w.dtype)
 
 
 def applies(w: geo.Window, p) -> bool:
@@ -235,6 +239,7 @@ def plan(w: geo.Window, budget: int | None = None):
         run_tiles(bands, band)
 
     run.tiling = tiles_for  # type: ignore[attr-defined]
-    # the conv drops the Winograd weights when no chosen plan uses them
+    # the conv drops the Winograd weights when no chosen plan uses them; the tuner makes them before timing
     run.winograd = True  # type: ignore[attr-defined]
+    run.setup = lambda p: p.winograd_weights()  # type: ignore[attr-defined]
     return run
