@@ -92,8 +92,10 @@ class PlanCache:
             self.bound[sig] = bind_buffers(plan, self.arena)
             return [sig]
         # the first run's arrays are freed, but glibc keeps much of that heap: hand it back before the
-        # arena comes on top of it (peak: squeezenet b8 83 -> 58 MB, densenet121 b8 190 -> 125)
-        _trim_heap()
+        # arena comes on top of it (peak: squeezenet b8 83 -> 58 MB, densenet121 b8 190 -> 125); below a few
+        # MB the walk over the heap (~0.7 ms) costs a small model's first run more than it returns
+        if plan.arena_bytes >= 4 << 20:
+            _trim_heap()
         self.arena = self.allocate(align(plan.arena_bytes))
         self.bound = {s: bind_buffers(p, self.arena) for s, p in self.plans.items()}
         return list(self.bound)

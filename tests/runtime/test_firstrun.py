@@ -184,3 +184,19 @@ def test_the_machine_fingerprint_starts_no_subprocess_where_cpuinfo_names_the_cp
         assert tuning.fingerprint() == before
     finally:
         tuning.fingerprint.cache_clear()
+
+
+@pytest.mark.parametrize("side, trims", [(16, False), (768, True)])
+def test_the_heap_is_trimmed_only_before_a_large_arena(monkeypatch, side, trims):
+    """malloc_trim runs when a new arena of 4 MB or more is made (it returns the first run's heap), not for a
+    small model, whose first run it would only slow."""
+    from minfer_core import sequential
+
+    calls = []
+    monkeypatch.setattr(sequential, "_trim_heap", lambda: calls.append(1))
+    nodes = [helper.make_node("Add", ["x", "x"], ["a"]), helper.make_node("Mul", ["a", "a"], ["b"]),
+             helper.make_node("Sub", ["b", "a"], ["y"])]  # b lives in the arena: side 768 makes it 9 MB
+    model = make_model(nodes, [tensor("x", [4, side, side])], [tensor("y", [4, side, side])])
+    sess = minfer_core.InferenceSession(model.SerializeToString(), passes="none", parallel="sequential")
+    sess.run(None, {"x": np.ones((4, side, side), np.float32)})
+    assert bool(calls) is trims
