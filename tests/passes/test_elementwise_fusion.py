@@ -330,3 +330,20 @@ def test_fires_where_expected_on_real_models(name, expected):
     graph = load_model(getattr(_realmodels(), name)(seed=0))
     optimize_graph(graph, "all")
     assert sorted(n.attrs["ops"] for n in _fused(graph)) == sorted(expected)
+
+
+def test_one_node_serves_alternating_input_shapes():
+    """A fused node fed other shapes in turn (a symbolic batch) computes each right: its per-shape layout is keyed
+    by the inputs' shapes, a bias broadcasting against each."""
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])
+    nodes = [helper.make_node("Add", ["x", "bias"], ["a"]), helper.make_node("Sigmoid", ["a"], ["s"]),
+             helper.make_node("Mul", ["a", "s"], ["y"])]
+    bias = numpy_helper.from_array(np.linspace(-1, 1, 8, dtype=np.float32), "bias")
+    model = make_model(nodes, [x], [tensor("y", None)], [bias])
+    sess = Engine(model.SerializeToString())
+    assert [n.op_type for n in sess.graph.nodes] == ["FusedElementwise"]
+    rng = np.random.default_rng(0)
+    for n in (3, 1, 70000, 3):
+        feed = rng.standard_normal((n, 8)).astype(np.float32)
+        a = feed + numpy_helper.to_array(bias)
+        np.testing.assert_allclose(sess.run(None, {"x": feed})[0], a / (1 + np.exp(-a)), rtol=1e-5, atol=1e-6)

@@ -250,14 +250,21 @@ def fused_elementwise(ctx, *, ops, args, constants=None):
     program = _compile(ctx, list(ops), list(args), constants)
     dtype = program[-1]
 
+    layouts: dict[tuple[Any, ...], tuple[tuple[int, ...], list[tuple[Any, ...]]]] = {}  # input shapes -> (shape, blocks)
+
     def run(*inputs: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        shape = np.broadcast_shapes(*(np.shape(x) for x in inputs))
+        key = tuple(np.shape(x) for x in inputs)
+        layout = layouts.get(key)
+        if layout is None:  # once per input shapes: a small node's run is mostly such fixed costs
+            shape = np.broadcast_shapes(*key)
+            layout = layouts[key] = (shape, blocks(shape))
+        shape, parts = layout
         y = np.empty(shape, dtype or _float_dtype(inputs)) if out is None else out
         if y.size == 0:
             return y
         aliased = out is not None and any(np.may_share_memory(out, x) for x in inputs)
-        views = [np.broadcast_to(x, shape) for x in inputs]  # zero-copy: a bias is read in place
-        parts = blocks(shape)
+        # zero-copy: a bias is read in place; a full-shape input is itself
+        views = [x if np.shape(x) == shape else np.broadcast_to(x, shape) for x in inputs]
         per = max(1, SPLIT // min(y.size, BLOCK))  # blocks per thread's range
         if y.size < 2 * SPLIT or len(parts) < 2 * per:
             _run_blocks(program, y, views, parts, aliased)
