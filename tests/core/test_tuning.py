@@ -94,9 +94,10 @@ def test_an_unwritable_cache_warns_and_the_choice_holds(cache):
 
 
 def _dynamic_conv_model():
-    w = np.random.default_rng(0).standard_normal((8, 4, 3, 3)).astype(np.float32)
+    """A 3x3 conv with several methods to time (im2col at two tile sizes, Winograd): choices to store."""
+    w = (np.random.default_rng(0).standard_normal((64, 64, 3, 3)) / 24).astype(np.float32)
     node = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
-    return make_model([node], [tensor("x", ["N", 4, 12, 12])], [tensor("y", None)], [numpy_helper.from_array(w, "w")])
+    return make_model([node], [tensor("x", ["N", 64, 20, 20])], [tensor("y", None)], [numpy_helper.from_array(w, "w")])
 
 
 def test_minfer_tune_runs_every_combination_and_stores(cache, tmp_path, capsys):
@@ -106,6 +107,8 @@ def test_minfer_tune_runs_every_combination_and_stores(cache, tmp_path, capsys):
     assert main(["tune", str(path), "--dim", "N=1,2"]) == 0
     out = capsys.readouterr().out
     assert "tuned N=1" in out and "tuned N=2" in out and str(cache) in out
+    stored = json.loads(next(cache.glob("tuning-*.json")).read_text())
+    assert any(k.startswith("conv|") and "x=(1, 64, 20, 20)" in k for k in stored)  # the first size's conv choice
 
 
 def test_minfer_tune_refuses_when_tuning_is_off(monkeypatch, tmp_path, capsys):
