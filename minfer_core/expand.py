@@ -44,8 +44,7 @@ def expand_functions(graph: Graph, registry: Registry, provider: str) -> int:
         if key in chain:
             raise InvalidGraphError(
                 f"{node.label}: function {key} calls itself ({' -> '.join(chain[chain.index(key):] + (key,))}); "
-                "a recursive function cannot be inlined, and ONNX functions may not recurse"
-            )
+                "a recursive function cannot be inlined, and ONNX functions may not recurse")
         added = inline(graph, node, body)
         chains.update((id(n), chain + (key,)) for n in added)
         pending.extend(added)

@@ -400,8 +400,7 @@ class Graph:
                 if name and name not in known and name not in produced:
                     raise InvalidGraphError(
                         f"{node.label} reads {name!r}, which no node produces and is neither "
-                        "a graph input nor an initializer (a dangling value)"
-                    )
+                        "a graph input nor an initializer (a dangling value)")
         for name in self.outputs:
             if name not in known and name not in produced:
                 raise InvalidGraphError(f"graph output {name!r} of {self.name!r} is never produced")

@@ -233,8 +233,7 @@ def _read_external_array(tensor: TensorProto, folder: Path | None) -> np.ndarray
     count = _count(tensor)
     if length is not None and length != count * dtype.itemsize:
         raise ModelLoadError(
-            f"tensor {tensor.name!r}: external data length {length} does not hold {count} {dtype.name} values"
-        )
+            f"tensor {tensor.name!r}: external data length {length} does not hold {count} {dtype.name} values")
     what = f"external data of tensor {tensor.name!r}"
     fh, _ = read_region(path, offset, count * dtype.itemsize, what)  # the file is checked before allocating
     try:
@@ -245,8 +244,7 @@ def _read_external_array(tensor: TensorProto, folder: Path | None) -> np.ndarray
         raise ModelLoadError(f"tensor {tensor.name!r}: cannot read external data {str(path)!r}: {exc}") from exc
     if got != value.nbytes:
         raise ModelLoadError(
-            f"tensor {tensor.name!r}: external data {str(path)!r} ends after {got} of {value.nbytes} bytes"
-        )
+            f"tensor {tensor.name!r}: external data {str(path)!r} ends after {got} of {value.nbytes} bytes")
     return value.reshape(tuple(tensor.dims))
 
 
@@ -257,8 +255,7 @@ def _external_location(tensor: TensorProto, folder: Path | None) -> tuple[Path, 
     if folder is None:
         raise ModelLoadError(
             f"tensor {tensor.name!r} keeps its data in external file {location!r}, but the model was "
-            "given without a folder: load it from its path or pass base_dir="
-        )
+            "given without a folder: load it from its path or pass base_dir=")
     offset = _external_number(info, "offset", tensor.name)
     length = _external_number(info, "length", tensor.name)
     return safe_external_path(folder, location, tensor.name), offset or 0, length
@@ -314,8 +311,7 @@ def safe_external_path(folder: Path, location: str, tensor_name: str) -> Path:
         raise ModelLoadError(f"tensor {tensor_name!r}: external data path {location!r} cannot be resolved: {exc}") from exc
     if os.path.isabs(location) or (candidate != base and base not in candidate.parents):
         raise ModelLoadError(
-            f"tensor {tensor_name!r}: external data path {location!r} leaves the model's folder {str(base)!r}; refused"
-        )
+            f"tensor {tensor_name!r}: external data path {location!r} leaves the model's folder {str(base)!r}; refused")
     return candidate
 
 

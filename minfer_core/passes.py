@@ -30,8 +30,7 @@ def check_patterns(p: Pass, _attribute: Any, value: Any) -> None:
     raise PassError(
         f"pass {p.name!r}: patterns={value!r} is neither an import string 'package.module:name' naming a "
         "zero-argument callable that returns a hypothesis strategy of graphs, nor such a callable; "
-        "write e.g. patterns='my_plugin.strategies:my_pass_targets'"
-    )
+        "write e.g. patterns='my_plugin.strategies:my_pass_targets'")
 
 
 @attrs.frozen

@@ -51,8 +51,7 @@ def _check_ordering_names(passes: Sequence[Pass], installed: dict[str, Pass]) ->
         if unknown:
             raise PassError(
                 f"pass {p.name!r} (from {p.plugin}) orders itself against unknown pass(es) {unknown} in after/before; "
-                f"installed passes are {sorted(installed)}"
-            )
+                f"installed passes are {sorted(installed)}")
 
 
 def _chosen(registry: Registry, passes: PassSelection, installed: dict[str, Pass]) -> list[Pass]:
@@ -85,8 +84,7 @@ def _with_requirements(chosen: list[Pass], installed: dict[str, Pass], disabled:
                 raise PassError(f"pass {p.name!r} requires {req!r}, which is disabled; disable {p.name!r} too or enable {req!r}")
             if req not in installed:
                 raise PassError(
-                    f"pass {p.name!r} (from {p.plugin}) requires pass {req!r}, which no installed plugin provides"
-                )
+                    f"pass {p.name!r} (from {p.plugin}) requires pass {req!r}, which no installed plugin provides")
             result[req] = installed[req]
             todo.append(installed[req])
     return list(result.values())
@@ -232,8 +230,7 @@ def _check(graph: Graph, p: Pass, interface: tuple[list[str], list[str]]) -> Non
     if (list(graph.inputs), list(graph.outputs)) != interface:
         raise PassError(
             f"pass {p.name!r} (from {p.plugin}) changed the graph's interface: inputs/outputs were "
-            f"{interface}, now {(graph.inputs, graph.outputs)}"
-        )
+            f"{interface}, now {(graph.inputs, graph.outputs)}")
 
 
 def _label(node: object) -> str:

@@ -122,8 +122,7 @@ class Registry:
         raise AmbiguousKernelError(
             f"{len(plugins)} plugins {how} the op {key}: {', '.join(plugins)}. "
             f"Choose one with {PREFER_ENV}='{key}={plugins[0]}' or registry.prefer({op_type!r}, {plugins[0]!r}"
-            + (f", domain={domain!r})" if domain else ")")
-        )
+            + (f", domain={domain!r})" if domain else ")"))
 
     def conflicts(self) -> list[str]:
         """Human-readable list of unresolved op and kernel conflicts."""

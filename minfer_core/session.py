@@ -229,8 +229,7 @@ class InferenceSession(Engine):
             if name not in outputs:
                 raise InvalidOutputError(
                     f"unknown output {name!r}{self._what_is(name)}; the model's outputs are {outputs} "
-                    f"(onnxruntime: Invalid output name)"
-                )
+                    f"(onnxruntime: Invalid output name)")
         return names
 
     def _what_is(self, name: Any) -> str:
@@ -296,8 +295,7 @@ class InferenceSession(Engine):
         if self._rebuild_args.get("registry") is not None:
             raise UnsupportedOptionError(
                 "a session built with registry= does not pickle: unpickling builds with the plugins installed "
-                "where it happens; build it without registry= (use_plugins or MINFER_PLUGINS choose plugins)"
-            )
+                "where it happens; build it without registry= (use_plugins or MINFER_PLUGINS choose plugins)")
         return _rebuild, (self._pickled_model(), dict(self._rebuild_args))
 
 
@@ -314,8 +312,7 @@ def _check_keywords(engine_options: Mapping[str, Any]) -> None:
     if unknown:
         raise TypeError(
             f"InferenceSession() got unexpected keyword argument(s) {unknown}; it takes onnxruntime's sess_options, "
-            f"providers, provider_options and minfer's {sorted(accepted)}"
-        )
+            f"providers, provider_options and minfer's {sorted(accepted)}")
 
 
 def _one_of(name: str, given: Any, option: str, from_option: Any, option_set: bool) -> Any:
@@ -324,8 +321,7 @@ def _one_of(name: str, given: Any, option: str, from_option: Any, option_set: bo
         return from_option
     if option_set:
         raise UnsupportedOptionError(
-            f"{name}={given!r} and sess_options.{option} both set how the session runs; give only one of them"
-        )
+            f"{name}={given!r} and sess_options.{option} both set how the session runs; give only one of them")
     return given
 
 

@@ -206,8 +206,7 @@ def check_providers(providers: Any, provider_options: Any = None) -> list[str]:
     if other or not names:
         raise UnsupportedOptionError(
             f"providers {names} are not available in minfer: get_available_providers() is {get_available_providers()}; "
-            f"pass providers=[{CPU!r}] (minfer computes on the CPU with its installed kernel plugins)"
-        )
+            f"pass providers=[{CPU!r}] (minfer computes on the CPU with its installed kernel plugins)")
     if any(options):
         raise UnsupportedOptionError(f"{CPU} takes no provider options in minfer, got {options}")
     return [CPU]

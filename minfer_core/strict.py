@@ -68,15 +68,13 @@ def _check_opsets(graph: Graph) -> None:
                 where = f"domain {node.domain!r}" if node.domain else "the default ONNX domain"
                 raise InvalidGraphError(
                     f"{node.label} uses {where}, which the model's opset_import does not import "
-                    f"(it imports {declared or 'nothing'}); add an opset_import entry for it"
-                )
+                    f"(it imports {declared or 'nothing'}); add an opset_import entry for it")
     for domain, version in graph.opsets.items():
         if domain in STANDARD_DOMAINS and version > newest_opset(domain):
             name = domain or "ai.onnx"
             raise InvalidGraphError(
                 f"the model imports opset {version} of {name}, but the newest that exists (onnx {onnx.__version__}) "
-                f"is {newest_opset(domain)}; fix the model's opset_import or upgrade onnx"
-            )
+                f"is {newest_opset(domain)}; fix the model's opset_import or upgrade onnx")
 
 
 def _check_nodes(graph: Graph) -> None:
@@ -105,8 +103,7 @@ def check_node(node: Node, opset: int) -> None:
         if name not in schema.attributes:
             raise InvalidGraphError(
                 f"{node.label} has attribute {name!r}, which {node.op_type}-{schema.since_version} does not define "
-                f"(it defines {sorted(schema.attributes) or 'none'})"
-            )
+                f"(it defines {sorted(schema.attributes) or 'none'})")
         _check_attribute(node, name, value, int(schema.attributes[name].type))
     absent = sorted(n for n, a in schema.attributes.items() if a.required and n not in node.attrs)
     if absent:
@@ -127,5 +124,4 @@ def _check_attribute(node: Node, name: str, value: Any, kind: int) -> None:
     if not ok:
         want = AttributeProto.AttributeType.Name(kind)  # type: ignore[arg-type]
         raise InvalidGraphError(
-            f"{node.label}: attribute {name!r} must be of type {want}, got {type(value).__name__} {value!r:.60}"
-        )
+            f"{node.label}: attribute {name!r} must be of type {want}, got {type(value).__name__} {value!r:.60}")
