@@ -11,7 +11,8 @@ Per model and repeat (models and repeats interleaved, so a burst of load from el
   one session run on each new shape in turn (SHAPES) inside the process.
 
 Printed per row: first/median and max(runs 2..)/median, medians over the repeats (the issue's bounds: 5x cold,
-2x warm, 1.5x for later runs), and the steady median in ms. ``--compare DIR``: every process also runs once with
+2x warm, 1.5x for later runs), the steady median in ms, and the session's build in seconds (a model with static
+inputs is warmed up by a run on zeros at build: the first run's planning and timing moved there). ``--compare DIR``: every process also runs once with
 ``PYTHONPATH=DIR`` (a copy of packages as they were: the "before" of an A/B), interleaved with the checkout's.
 Rows marked "/cpu" (``--clock cpu``: "/wall") use the process's CPU time per run: on a loaded machine a
 2-thread run's wall time is mostly waiting for a descheduled thread. ``--modes`` picks the fresh-process rows,
@@ -133,20 +134,21 @@ def measure(models: list[str], repeats: int, runs: int, threads: int | str, comp
                             got = _spawn(name, mode, runs, threads, cache, path)
                             row = warmth if mode == "fresh" else f"shapes-{warmth}"
                             for shape, times in got[clock].items():
-                                rows.setdefault((name, row, shape, variant), []).append(ratios(times))
+                                # the build's seconds too: a static model's warm-up run moved the first run's work there
+                                rows.setdefault((name, row, shape, variant), []).append(ratios(times) + (got["build_s"],))
                                 other = "cpu" if clock == "wall" else "wall"
                                 rows.setdefault((name, row, shape, f"{variant}/{other}"), []).append(
-                                    ratios(got[other][shape]))
+                                    ratios(got[other][shape]) + (got["build_s"],))
     return rows
 
 
 def report(rows: dict[tuple[str, str, str, str], list[tuple]]) -> str:
     lines = [f"{'model':<16}{'row':<13}{'shape':<6}{'var':<10}{'first/med':>10}{'max2+/med':>10}{'med ms':>9}"
-             "   first/med, max2+/med each repeat"]
+             f"{'build s':>8}   first/med, max2+/med each repeat"]
     for (name, row, shape, variant), got in sorted(rows.items(), key=lambda kv: kv[0][:3]):
-        first, later, med = (statistics.median(g[k] for g in got) for k in range(3))
+        first, later, med, build_s = (statistics.median(g[k] for g in got) for k in range(4))
         each = " ".join(f"{g[0]:.1f},{g[1]:.1f}" for g in got)
-        lines.append(f"{name:<16}{row:<13}{shape:<6}{variant:<10}{first:>10.2f}{later:>10.2f}{med:>9.2f}   {each}")
+        lines.append(f"{name:<16}{row:<13}{shape:<6}{variant:<10}{first:>10.2f}{later:>10.2f}{med:>9.2f}{build_s:>8.2f}   {each}")
     return "\n".join(lines)
 
 

@@ -10,6 +10,7 @@ the arrays it returns are the caller's to keep.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
@@ -27,6 +28,8 @@ from .plugins import Registry, active_registry, get_registry
 from .runloop import StepFailure
 from .sequential import SEQUENTIAL, Signature
 from .tensor import MapType, OptionalType, SequenceType, TensorType, _NonTensor
+
+WARM_UP_BYTES = 64 << 20  # larger static inputs are planned at their first run (their zeros cost a run's memory)
 
 
 @attrs.frozen
@@ -73,6 +76,9 @@ class Engine:
     ``MINFER_PARALLEL``, else the installed one with the highest priority.
     ``threads`` (a positive count, "auto" or None) and ``inter_op`` go to
     the executor; the sequential one runs kernels on one thread.
+    ``warm_up``: when every input is a static-shape tensor, build ends with
+    a run on zeros that plans that signature (and times kernels' choices),
+    so the first real run is a steady one (`_warm_up` says when it skips).
     """
 
     def __init__(
@@ -87,6 +93,7 @@ class Engine:
         inter_op: str | None = None,
         parallel: str | None = None,
         strict: bool = True,
+        warm_up: bool = True,
     ) -> None:
         self.registry = registry or get_registry()
         self.threads = check_threads(threads)
@@ -101,12 +108,30 @@ class Engine:
             self.provider = provider
             build = dict(passes=passes, disabled_passes=tuple(disabled_passes), registry=self.registry,
                          provider=provider, threads=threads, strict=strict,
-                         parallel="sequential")  # a body runs inside its node's step: the enclosing run's pool is set up
+                         parallel="sequential", warm_up=False)  # a body runs inside its node's step, on its pool
             self.program = bind(graph, self.registry, provider, build)
         self.parallel = chosen.name
         self.executor = chosen.factory(self.program, {"threads": self.threads, "inter_op": inter_op})
         self._output_sources = alias_sources(self.program)
         self._slot_names = {slot: name for name, slot in self.program.slots.items()}
+        if warm_up:
+            self._warm_up()
+
+    def _warm_up(self) -> None:
+        """A run on zeros, so build plans the one signature static inputs allow. Skipped with subgraphs (a Loop
+        on zeros may never end) or over WARM_UP_BYTES of input; a model rejecting zeros plans at its first run."""
+        types = [self.graph.types.get(n) for n in self.graph.inputs]
+        if not all(isinstance(t, TensorType) and t.is_static and t.dtype.kind in "biuf" for t in types):
+            return
+        if sum(t.nbytes for t in types) > WARM_UP_BYTES or next(self.graph.subgraphs(), None) is not None:
+            return
+        feeds = {n: np.zeros(t.shape, t.dtype) for n, t in zip(self.graph.inputs, types)}
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            try:
+                self._run(list(self.graph.outputs), feeds, False, ())  # no observer (a profiler) sees it
+            except Exception:  # noqa: BLE001 - say, a Reshape target read from an input: zeros are no shape
+                pass
 
     # ---- run -------------------------------------------------------------
 
@@ -223,21 +248,18 @@ def _check_feed(name: str, value: np.ndarray, declared: TensorType | None, bound
         return
     if value.ndim != len(declared.shape):
         raise BadFeedError(
-            f"input {name!r} expects rank {len(declared.shape)} shape {_fmt(declared.shape)}, got shape {value.shape}"
-        )
+            f"input {name!r} expects rank {len(declared.shape)} shape {_fmt(declared.shape)}, got shape {value.shape}")
     for axis, (want, got) in enumerate(zip(declared.shape, value.shape)):
         if isinstance(want, int) and want != got:
             raise BadFeedError(
-                f"input {name!r} expects shape {_fmt(declared.shape)}, got {value.shape}: dim {axis} must be {want}"
-            )
+                f"input {name!r} expects shape {_fmt(declared.shape)}, got {value.shape}: dim {axis} must be {want}")
         if isinstance(want, str):
             # a symbolic dim names one size shared by every input that uses it
             first = bound.setdefault(want, (name, got))
             if first[1] != got:
                 raise BadFeedError(
                     f"input {name!r} dim {axis} is the symbolic dim {want!r} = {got}, but input {first[0]!r} "
-                    f"set {want!r} = {first[1]}"
-                )
+                    f"set {want!r} = {first[1]}")
 
 
 def _read_only(value: np.ndarray) -> np.ndarray:

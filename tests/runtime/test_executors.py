@@ -84,7 +84,7 @@ def test_a_third_party_executor_registers_through_the_hook_and_wins_by_priority(
     sess = InferenceSession(_model())
     assert sess.parallel == "counting"
     sess.run(None, {"x": X})
-    assert _Counting.runs == 1
+    assert _Counting.runs == 2  # build's warm-up run (static input shapes) and this one
     assert InferenceSession(_model(), parallel="threads").parallel == "threads"
 
 

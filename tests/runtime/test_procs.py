@@ -207,6 +207,11 @@ def _double_model(op_type="Double"):
     return _model(nodes, [x], [y], opsets=(("", 17), ("test.procs", 1)))
 
 
+def _flaky_session(model):
+    """A process-team session whose runs these tests count from the first: no warm-up run at build."""
+    return minfer_core.InferenceSession(model, threads=2, parallel="processes", warm_up=False)
+
+
 @pytest.mark.parametrize("team_gain", [1e9, 1e-9])
 def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plugin, tmp_path, monkeypatch, team_gain):
     # team_gain 1e-9: the threads win the team-or-threads trials; the failed run must not count as one of the
@@ -215,7 +220,7 @@ def test_a_failing_worker_share_is_recomputed_and_the_worker_replaced(minfer_plu
     flag = tmp_path / "fail"
     monkeypatch.setattr(_Flaky, "FLAG", str(flag))
     minfer_plugin(_Flaky())
-    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    sess = _flaky_session(_double_model())
     x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
     expected = np.concatenate([2 * np.abs(x)] * 2)
     for got in _runs(sess, {"x": x}):
@@ -238,7 +243,7 @@ def test_a_failing_worker_share_of_an_in_place_step_is_an_error(minfer_plugin, t
     flag = tmp_path / "fail"
     monkeypatch.setattr(_Flaky, "FLAG", str(flag))
     minfer_plugin(_Flaky())
-    sess = minfer_core.InferenceSession(_double_model("DoubleInPlace"), threads=2, parallel="processes")
+    sess = _flaky_session(_double_model("DoubleInPlace"))
     x = np.random.default_rng(0).standard_normal((4, 1000)).astype(np.float32)
     for got in _runs(sess, {"x": x}):
         np.testing.assert_array_equal(got, np.concatenate([2 * np.abs(x)] * 2))
@@ -265,7 +270,7 @@ def _wait_for_state(pid, states, what):
 
 def test_a_killed_worker_is_replaced(minfer_plugin):
     minfer_plugin(_Flaky())
-    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    sess = _flaky_session(_double_model())
     x = np.ones((4, 1000), np.float32)
     _runs(sess, {"x": x})
     team = procs.team()
@@ -281,7 +286,7 @@ def test_the_worker_sleeps_between_runs(minfer_plugin, monkeypatch):
     """After a run (and its short linger) the worker blocks in a read of its pipe instead of spinning."""
     monkeypatch.setattr(procs, "LINGER", 0.0)  # read by the worker, forked after this
     minfer_plugin(_Flaky())
-    sess = minfer_core.InferenceSession(_double_model(), threads=2, parallel="processes")
+    sess = _flaky_session(_double_model())
     _runs(sess, {"x": np.ones((4, 1000), np.float32)})
     pid = procs.team().pid
     _wait_for_state(pid, "S", "the worker never went to sleep after the run")
