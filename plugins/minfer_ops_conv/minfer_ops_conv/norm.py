@@ -15,24 +15,43 @@ def _channel_param(p: np.ndarray, ndim: int, spatial: int) -> np.ndarray:
 
 
 def _affine(scale, bias, mean, var, epsilon):
-    """Fold inference BN into y = a*x + b, computed in float64 for accuracy."""
+    """Fold inference BN into y = a*x + b, computed in float64 for accuracy (training statistics)."""
     a = scale.astype(np.float64) / np.sqrt(var.astype(np.float64) + epsilon)
     return a, bias.astype(np.float64) - mean.astype(np.float64) * a
 
 
+def inference_affine(scale, bias, mean, var, epsilon: float, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Inference BN as y = a*x + b, a and b of ``dtype`` rounded as onnxruntime's CPU kernel rounds them.
+
+    In ``dtype`` (float16/bfloat16: float32), each step rounded: 1 / sqrt(var + eps), times scale, then
+    bias - mean * a. Folding in float64 instead moves a or b by an ulp on a few channels: an ulp on a value a
+    DynamicQuantizeLinear reads next can become a whole quantization step.
+    """
+    t = np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
+    scale, bias, mean, var = (np.asarray(p, dtype=t) for p in (scale, bias, mean, var))
+    with np.errstate(divide="ignore", invalid="ignore"):  # var + eps <= 0 gives inf/nan, as in onnxruntime
+        a = t.type(1) / np.sqrt(var + t.type(epsilon))
+        a = a * scale
+        b = bias - mean * a
+    return a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+
+
 def _batch_norm(ctx, epsilon: float, spatial: int = 1):
     consts = ctx.constants[1:5]
-    folded = _affine(*consts, epsilon) if len(consts) == 4 and all(c is not None for c in consts) else None
+    fixed = len(consts) == 4 and all(c is not None for c in consts)
     cache: dict = {}
+
+    def params(x, scale, bias, mean, var):
+        a, b = inference_affine(scale, bias, mean, var, epsilon, x.dtype)
+        return _channel_param(a, x.ndim, spatial), _channel_param(b, x.ndim, spatial)
 
     def run(x, scale, bias, mean, var, *, out=None):
         key = (x.ndim, x.dtype)
-        if folded is None:
-            a, b = _affine(scale, bias, mean, var, epsilon)
-            a, b = (_channel_param(v, x.ndim, spatial).astype(x.dtype) for v in (a, b))
+        if not fixed:
+            a, b = params(x, scale, bias, mean, var)
         else:
             if key not in cache:
-                cache[key] = tuple(_channel_param(v, x.ndim, spatial).astype(x.dtype) for v in folded)
+                cache[key] = params(x, *consts)
             a, b = cache[key]
         y = np.multiply(x, a, out=out)  # out may be x itself: elementwise, so safe
         y += b

@@ -9,9 +9,10 @@ reader, the BN output being no graph output. This is what pre-activation
 networks leave after conv_bn_fusion (densenet's BN -> Relu -> Conv after each
 Concat): no Conv before the BN to absorb it.
 
-Replacement: ``ChannelAffine(X, S, B)`` with ``S = scale / sqrt(var + eps)``
-and ``B = bias - mean * S`` (computed in float64, rounded to X's dtype: the
-values minfer-ops-conv's BatchNormalization kernel multiplies and adds), and
+Replacement: ``ChannelAffine(X, S, B)`` with ``S = (1 / sqrt(var + eps)) * scale``
+and ``B = bias - mean * S`` (each step rounded in X's dtype, as onnxruntime's
+CPU kernel rounds: the values minfer-ops-conv's BatchNormalization kernel
+multiplies and adds), and
 ``activation``/``activation_params`` as on the other fused ops. Its kernel
 computes ``act(X * S + B)`` chunk by chunk (a few hundred KB each, so the
 chunk is read from memory once and written once, the add and the activation
@@ -57,6 +58,22 @@ def _activation(graph: Graph, value: str) -> tuple[Node, list[float]] | None:
     return None if params is None else (act, params)
 
 
+def _folded(scale: np.ndarray, bias: np.ndarray, mean: np.ndarray, var: np.ndarray, epsilon: float,
+            dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """S and B of ``dtype`` rounded step by step as minfer-ops-conv's BatchNormalization (and onnxruntime) round them.
+
+    In ``dtype`` (float16/bfloat16: float32): S = (1 / sqrt(var + eps)) * scale, B = bias - mean * S. Folded in
+    float64 instead, S or B moves by an ulp on a few channels, which a DynamicQuantizeLinear reading the
+    output can turn into a whole quantization step.
+    """
+    t = np.dtype(dtype) if np.dtype(dtype) in (np.float32, np.float64) else np.dtype(np.float32)
+    scale, bias, mean, var = (p.astype(t) for p in (scale, bias, mean, var))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = t.type(1) / np.sqrt(var + t.type(epsilon)) * scale
+        b = bias - mean * s
+    return s.astype(dtype), b.astype(dtype)
+
+
 def _step(graph: Graph, bn: Node) -> bool:
     if bn.domain or bn.op_type != "BatchNormalization" or not bn.inputs:
         return False
@@ -68,11 +85,9 @@ def _step(graph: Graph, bn: Node) -> bool:
     params = _bn_params(graph, bn)
     if dtype not in FLOATS or params is None:
         return False
-    scale, bias, mean, var = params
-    s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-    b = bias - mean * s
+    s, b = _folded(*params, float(bn.attrs.get("epsilon", 1e-5)), dtype)
     name = bn.name or "bn"
-    inputs = [x, add_const(graph, f"{name}_scale", s.astype(dtype)), add_const(graph, f"{name}_shift", b.astype(dtype))]
+    inputs = [x, add_const(graph, f"{name}_scale", s), add_const(graph, f"{name}_shift", b)]
     fused, attrs, end = [bn], {}, bn.outputs[0]
     found = _activation(graph, end)
     if found is not None:
