@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -9,6 +10,7 @@ import numpy as np
 from minfer_core import kernel
 
 from .activation import sigmoid
+from .recurrent_stacked import FAST_DTYPES, GruCell, LstmCell, RnnCell, is_default, run_stacked
 
 _ACTIVATIONS: dict[str, tuple[Callable[..., np.ndarray], float | None, float | None]] = {
     # name: (fn(x, alpha, beta), default alpha or None if unused, default beta or None)
@@ -49,17 +51,35 @@ def _reverse_valid(t: np.ndarray, lens: np.ndarray) -> np.ndarray:
     return t[idx, np.arange(t.shape[1])[None, :]]
 
 
-def _recurrent(step, x, w, r, b, lens, states, a: dict[str, Any]) -> tuple[np.ndarray, ...]:
-    """Run ``step`` over time for each direction; returns Y and the final value of each state."""
+def _recurrent(step, x, w, r, b, lens, states, a: dict[str, Any], cell=None) -> tuple[np.ndarray, ...]:
+    """Run ``step`` over time for each direction; returns Y and the final value of each state.
+
+    ``cell``: the op's stacked cell (recurrent_stacked) when its gates are the default ones, without clip or
+    peepholes: with every sequence full length all directions then run at once (`run_stacked`).
+    """
     if a["layout"]:  # batch-major in and out
         x = x.swapaxes(0, 1)
         states = [None if s is None else s.swapaxes(0, 1) for s in states]
     seq, batch = x.shape[:2]
+    full = lens is None or bool((lens.astype(np.int64) >= seq).all())
+    if b is None:
+        b = np.zeros((r.shape[0], 2 * r.shape[1]), x.dtype)
+    if cell is not None and full and seq and x.dtype in FAST_DTYPES:
+        out_y, out_states = run_stacked(cell, x, w, r, b, states, a["direction"] == "reverse")
+    else:
+        out_y, out_states = _stepwise(step, x, w, r, b, lens, states, a)
+    if a["layout"]:
+        out_y = out_y.transpose(2, 0, 1, 3)
+        out_states = [s.swapaxes(0, 1) for s in out_states]
+    return (out_y, *out_states)
+
+
+def _stepwise(step, x, w, r, b, lens, states, a: dict[str, Any]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The general loop: one direction at a time, any activations, clip, peepholes and sequence lengths."""
+    seq, batch = x.shape[:2]
     num_dir, gates_h, hidden = r.shape
     lens = np.full(batch, seq, np.int64) if lens is None else lens.astype(np.int64)
     masked = bool((lens < seq).any())
-    if b is None:
-        b = np.zeros((num_dir, 2 * gates_h), x.dtype)
     acts = _activation_fns(a["activations"], a["activation_alpha"], a["activation_beta"], a["defaults"], num_dir)
     ys, finals = [], []
     for d in range(num_dir):
@@ -80,11 +100,7 @@ def _recurrent(step, x, w, r, b, lens, states, a: dict[str, Any]) -> tuple[np.nd
         ys.append(_reverse_valid(y, lens) if reverse else y)
         finals.append(cur)
     out_y = np.stack(ys, axis=1)  # (seq, num_dir, batch, hidden)
-    out_states = [np.stack([f[i] for f in finals]) for i in range(len(states))]
-    if a["layout"]:
-        out_y = out_y.transpose(2, 0, 1, 3)
-        out_states = [s.swapaxes(0, 1) for s in out_states]
-    return (out_y, *out_states)
+    return out_y, [np.stack([f[i] for f in finals]) for i in range(len(states))]
 
 
 def _clipper(clip: float | None) -> Callable[[np.ndarray], np.ndarray]:
@@ -97,7 +113,8 @@ def _rnn(x, w, r, b, lens, h0, a: dict[str, Any]) -> tuple[np.ndarray, ...]:
     def step(xw, cur, r, rb, acts, d):
         return [acts[0](clip(xw + cur[0] @ r.T + rb))]
 
-    return _recurrent(step, x, w, r, b, lens, [h0], dict(a, defaults=["Tanh"]))
+    cell = RnnCell if a["clip"] is None and is_default(a["activations"], ["Tanh"]) else None
+    return _recurrent(step, x, w, r, b, lens, [h0], dict(a, defaults=["Tanh"]), cell)
 
 
 def _gru(x, w, r, b, lens, h0, a: dict[str, Any]) -> tuple[np.ndarray, ...]:
@@ -114,7 +131,9 @@ def _gru(x, w, r, b, lens, h0, a: dict[str, Any]) -> tuple[np.ndarray, ...]:
             cand = acts[1](clip(xw[:, 2 * n :] + (reset * h) @ r[2 * n :].T + rb[2 * n :]))
         return [(1 - z) * cand + z * h]
 
-    return _recurrent(step, x, w, r, b, lens, [h0], dict(a, defaults=["Sigmoid", "Tanh"]))
+    fast = a["clip"] is None and is_default(a["activations"], ["Sigmoid", "Tanh"])
+    cell = functools.partial(GruCell, linear_before_reset=lbr) if fast else None
+    return _recurrent(step, x, w, r, b, lens, [h0], dict(a, defaults=["Sigmoid", "Tanh"]), cell)
 
 
 def _lstm(x, w, r, b, lens, h0, c0, p, a: dict[str, Any]) -> tuple[np.ndarray, ...]:
@@ -131,7 +150,9 @@ def _lstm(x, w, r, b, lens, h0, c0, p, a: dict[str, Any]) -> tuple[np.ndarray, .
         o = acts[0](clip(g[:, n : 2 * n] + po * c_new))
         return [o * acts[2](c_new), c_new]
 
-    return _recurrent(step, x, w, r, b, lens, [h0, c0], dict(a, defaults=["Sigmoid", "Tanh", "Tanh"]))
+    fast = a["clip"] is None and p is None and not a["input_forget"]
+    cell = LstmCell if fast and is_default(a["activations"], ["Sigmoid", "Tanh", "Tanh"]) else None
+    return _recurrent(step, x, w, r, b, lens, [h0, c0], dict(a, defaults=["Sigmoid", "Tanh", "Tanh"]), cell)
 
 
 def _rnn_attrs(direction: str, layout: int = 0, **kw: Any) -> dict[str, Any]:
