@@ -70,8 +70,10 @@ def held_array_bytes(root: Any) -> int:
 
     Follows references as the garbage collector sees them, except into modules, classes and functions'
     globals (shared by every engine); an array that views another array or a bytes object (an initializer
-    read from the model's raw data) counts that buffer once.
+    read from the model's raw data) counts that buffer once. The executor's arena (the planned intermediates,
+    which an engine of a model with static inputs makes at build) is not a weight: it is left out.
     """
+    arena = getattr(getattr(getattr(root, "executor", None), "plans", None), "arena", None)
     seen: set[int] = set()
     buffers: dict[int, int] = {}
     todo = [root]
@@ -85,6 +87,8 @@ def held_array_bytes(root: Any) -> int:
             while isinstance(base.base, np.ndarray):
                 base = base.base
             owner = base.base if base.base is not None else base
+            if owner is arena:  # the planned buffers are views of it
+                continue
             size = len(owner) if isinstance(owner, (bytes, bytearray)) else base.nbytes
             buffers[id(owner)] = max(buffers.get(id(owner), 0), size)
             continue

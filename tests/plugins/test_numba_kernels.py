@@ -34,9 +34,9 @@ def numba_plugin():
         yield
 
 
-def numpy_kernel(op_type: str, opset: int):
+def numpy_kernel(op_type: str, opset: int, domain: str = ""):
     """The kernel the registry picks without a node to judge by: the numpy one (``applies`` kernels need one)."""
-    kern = get_registry().select_kernel("", op_type, opset)
+    kern = get_registry().select_kernel(domain, op_type, opset)
     assert kern is not None and kern.plugin != NUMBA and kern.applies is None
     return kern
 
@@ -384,4 +384,4 @@ def test_every_kernel_outranks_numpy_and_declares_applies():
     """Each numba kernel has a numpy kernel of the same op and version below it, and says which nodes it takes."""
     for kern in plugin.KERNELS:
         assert kern.priority > 0 and kern.applies is not None
-        assert numpy_kernel(kern.op_type, kern.since).since == kern.since
+        assert numpy_kernel(kern.op_type, kern.since, kern.domain).since == kern.since

@@ -31,6 +31,9 @@ producer's epilogue, where each tile is still in cache:
   constant that keeps the output's shape (a bias after the rounding), becomes
   its second stage (``* M``, ``+ A``, ``post_activation``), which the next
   rounding then joins;
+- a Dequant* node's sole reader adding a same-shape ``Z`` (Add, or Sum of two:
+  a residual block's tail), read only by a QuantizeDequantize, becomes its
+  last stage: ``+ Z`` (input 7) and that rounding (``residual_params``);
 - a Relu or Clip whose only reader is a QuantizeDequantize is folded into its
   bounds, and a QuantizeDequantize after MaxPool/Reshape/Transpose/... of
   values already on the same grid is removed (those ops move grid values, and
@@ -50,7 +53,7 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import MINFER_DOMAIN, add_const, broadcasts_into, const, dims_of, has_kernel
+from ._util import MINFER_DOMAIN, add_const, broadcasts_into, const, dims_of, has_kernel, same_shape
 from .qdq_ops import DEQUANT, QDQ
 
 INT8 = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -209,6 +212,32 @@ def _has_post(node: Node) -> bool:
     return bool(node.attrs.get("post_activation")) or any(node.inputs[5:7])
 
 
+def _has_residual(node: Node) -> bool:
+    """Whether a Dequant* node already ends in + Z and a rounding (its last stage: nothing fuses after it)."""
+    return node.op_type in DEQUANT.values() and len(node.inputs) > 7 and bool(node.inputs[7])
+
+
+def _merge_residual(graph: Graph, d: Node) -> bool:
+    """A Dequant* node whose sole reader adds a same-shape Z (Add, or Sum of two) that a QuantizeDequantize alone
+    reads: Z and that rounding as the node's last epilogue stage (a quantized ResNet block's tail)."""
+    y = d.outputs[0]
+    add = graph.sole_consumer(y)
+    if _has_residual(d) or y in graph.outputs or add is None or add.domain or add.op_type not in ("Add", "Sum"):
+        return False
+    if len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+        return False
+    z = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+    t, qd = graph.type_of(y), graph.sole_consumer(add.outputs[0])
+    if t is None or t.dtype != np.float32 or not same_shape(graph, y, z) or graph.type_of(z).dtype != t.dtype:
+        return False
+    if add.outputs[0] in graph.outputs or not _is(qd, QDQ, MINFER_DOMAIN) or len(qd.inputs) != 1:
+        return False
+    inputs = (list(d.inputs) + [""] * 7)[:7] + [z]
+    attrs = {**d.attrs, "residual_params": [qd.attrs["scale"], qd.attrs["low"], qd.attrs["high"]]}
+    graph.replace([d, add, qd], Node(d.op_type, inputs, qd.outputs, attrs, d.name, d.domain))  # after Z's producer
+    return True
+
+
 def _compose(graph: Graph, current: str, current_params: list[float], qd: Node) -> list[float] | None:
     """QuantizeDequantize's params after an activation ``current`` (none, Relu or Clip), or None when it cannot."""
     a = qd.attrs
@@ -228,7 +257,7 @@ def _into_producer(graph: Graph, qd: Node) -> bool:
     p = graph.producer(qd.inputs[0])
     if p is None or p.domain != MINFER_DOMAIN or p.op_type not in EPILOGUE_OPS or len(p.outputs) != 1:
         return False
-    if p.outputs[0] in graph.outputs or graph.sole_consumer(p.outputs[0]) is not qd:
+    if p.outputs[0] in graph.outputs or graph.sole_consumer(p.outputs[0]) is not qd or _has_residual(p):
         return False
     slot = "post_activation" if p.op_type in DEQUANT.values() and _has_post(p) else "activation"
     params = _compose(graph, p.attrs.get(slot, ""), list(p.attrs.get(f"{slot}_params", [])), qd)
@@ -266,7 +295,7 @@ def _merge_post(graph: Graph, d: Node) -> bool:
     """A Dequant* node's sole reader ChannelAffine (or Add/Mul by a constant) as its second epilogue stage."""
     y = d.outputs[0]
     reader = graph.sole_consumer(y)
-    if _has_post(d) or y in graph.outputs or reader is None or len(reader.outputs) != 1:
+    if _has_post(d) or _has_residual(d) or y in graph.outputs or reader is None or len(reader.outputs) != 1:
         return False
     found = _post_operands(graph, reader, y)
     if found is None:
@@ -287,6 +316,9 @@ def _grid_of(node: Node | None) -> tuple[float, float, float] | None:
         return None
     if node.op_type == QDQ:
         return node.attrs["scale"], node.attrs["low"], node.attrs["high"]
+    if _has_residual(node):
+        s, lo, hi = node.attrs["residual_params"]
+        return float(s), float(lo), float(hi)
     # a Dequant* node with a second stage ends in that stage: its first activation's grid is not its output's
     slot = "post_activation" if node.op_type in DEQUANT.values() and _has_post(node) else "activation"
     if node.attrs.get(slot) == QDQ:
@@ -311,7 +343,8 @@ def _epilogue_sweep(graph: Graph) -> bool:
     for node in list(graph.nodes):
         if node not in graph.nodes:
             continue
-        if node.domain == MINFER_DOMAIN and node.op_type in DEQUANT.values() and _merge_post(graph, node):
+        if node.domain == MINFER_DOMAIN and node.op_type in DEQUANT.values() and (
+                _merge_post(graph, node) or _merge_residual(graph, node)):
             changed = True
             continue
         qd = node
@@ -334,8 +367,8 @@ def patterns() -> Any:
     """The passes' target strategy: Q -> DQ around a Conv or MatMul on DQ'd int8 weights, in random context.
 
     Per-tensor or per-channel weights, uint8 or int8 activations with random zero points, a Relu or Clip
-    before the output's Q, a MaxPool or Reshape re-quantized to the same grid; any intermediate sometimes
-    also read elsewhere or a graph output (then that part must not fuse).
+    before the output's Q, a residual added and rounded, a MaxPool or Reshape re-quantized to the same grid;
+    any intermediate sometimes also read elsewhere or a graph output (then that part must not fuse).
     """
     from hypothesis import strategies as st
 
@@ -388,6 +421,12 @@ def patterns() -> Any:
             expose(draw, b, y)
         scale, zp = params(draw, b)
         y = qdq(draw, b, y, scale, zp)
+        if draw(st.booleans()):  # a residual of the output's shape, then a rounding (a ResNet block's tail)
+            z = qdq(draw, b, b.input((1, m, *shape[2:]) if conv else (shape[0], m)), *params(draw, b))
+            y = b.op(draw(st.sampled_from(["Add", "Sum"])), *draw(st.permutations([y, z])))
+            expose(draw, b, y)
+            scale, zp = params(draw, b)
+            y = qdq(draw, b, y, scale, zp)
         if draw(st.booleans()):  # a bias or scale after the rounding, then another rounding
             c = np.linspace(0.5, 1.5, m, dtype=np.float32).reshape((m, 1, 1) if conv else (m,))
             y = b.op(draw(st.sampled_from(["Add", "Mul"])), y, b.const(c))

@@ -1,15 +1,23 @@
 """The ops ``qdq_fusion`` creates (domain ``ai.minfer``) and their kernels; the passes are in `qdq`.
 
-- ``QuantizeDequantize(X; scale, low, high)``: ``clip(rint(X / scale), low, high) * scale``, a per-tensor
-  QuantizeLinear -> DequantizeLinear pair in one pass (``low``/``high``: the integer range less the zero point).
-- ``DequantConv(X, Wq, scale, zero_point, [B], [M], [A])`` (and ``DequantGemm``, ``DequantMatMul``, whose B
-  input is Gemm's C, MatMul having none): the base op (its attributes) on ``DequantizeLinear(Wq, scale,
+- ``QuantizeDequantize(X, [M], [A]; scale, low, high, post_scale, post_low, post_high)``: ``R(X)``, with
+  ``R(v) = clip(rint(v / scale), low, high) * scale`` a per-tensor QuantizeLinear -> DequantizeLinear pair in one
+  step (``low``/``high``: the integer range less the zero point); then ``* M`` and ``+ A`` (broadcasting into X)
+  and, when ``post_scale`` is not 0, a second rounding on the ``post_*`` grid. The passes create only the plain
+  form; the Dequant* kernels run their epilogue ``rounding, * M, + A, rounding`` through the registered kernel of
+  this op, so a plugin's one-pass kernel of it (minfer-ops-numba's) replaces ten numpy passes over each tile.
+- ``DequantConv(X, Wq, scale, zero_point, [B], [M], [A], [Z])`` (and ``DequantGemm``, ``DequantMatMul``, whose
+  B input is Gemm's C, MatMul having none): the base op (its attributes) on ``DequantizeLinear(Wq, scale,
   zero_point; axis)``, then ``activation``/``activation_params`` (as on FusedConv), then ``* M`` and ``+ A``
   (constants broadcasting to the output: a ChannelAffine's S and B laid out per channel, or an Add/Mul
-  bias), then ``post_activation``/``post_activation_params``. The kernel holds the 8-bit weight (declared
+  bias), then ``post_activation``/``post_activation_params``, then ``+ Z`` (a residual of the output's shape,
+  computed) and the rounding ``residual_params`` ([scale, low, high], given with Z). The kernel holds the 8-bit weight (declared
   ``packed``: the engine frees the originals), dequantizes it into this thread's scratch on each run, exactly
   as DequantizeLinear rounds, runs the registered kernel of the base op on it (a faster Conv from any plugin
   speeds this up too) and applies the rest in that kernel's epilogue, tile by tile while each is in cache.
+  A depthwise conv's weight (9 floats a channel: a few KB) is instead dequantized once, at build, the same way,
+  and held as float32 like a float model's, so that the base op packs it and picks its kernel as for a
+  constant (minfer-ops-numba's depthwise conv needs constant weights).
 """
 
 from __future__ import annotations
@@ -19,7 +27,7 @@ from typing import Any, Callable
 import numpy as np
 
 from minfer_core import (Graph, KernelContext, KernelError, Node, TensorType, get_registry, kernel, op, parallel_for,
-                         scratch, spmd)
+                         prepare_node, scratch, spmd)
 
 from . import ops
 from .ops import _infer_as as infer_as
@@ -33,13 +41,24 @@ DEQUANT = {"Conv": "DequantConv", "Gemm": "DequantGemm", "MatMul": "DequantMatMu
 SPLIT_WEIGHTS = 1 << 18
 
 
-@kernel(QDQ, domain=MINFER_DOMAIN, out=True, inplace=(0,), views=False)
-def quantize_dequantize(x, *, scale, low, high, out=None):
-    """ai.minfer::QuantizeDequantize-1: clip(rint(x / scale), low, high) * scale, a Q -> DQ pair in one pass."""
-    y = np.divide(x, x.dtype.type(scale), out=out)
+def _round(x: np.ndarray, scale: float, low: float, high: float, out: np.ndarray | None) -> np.ndarray:
+    s = x.dtype.type(scale)
+    # QuantizeLinear divides (a multiply by 1/scale rounds some values apart); into an array even for a 0-d x
+    y = np.divide(x, s, out=np.empty_like(x) if out is None else out)
     np.rint(y, out=y)
     np.clip(y, low, high, out=y)
-    return np.multiply(y, x.dtype.type(scale), out=y)
+    return np.multiply(y, s, out=y)
+
+
+@kernel(QDQ, domain=MINFER_DOMAIN, out=True, inplace=(0,), views=False)
+def quantize_dequantize(x, m=None, a=None, *, scale, low, high, post_scale=0.0, post_low=0.0, post_high=0.0, out=None):
+    """ai.minfer::QuantizeDequantize-1: clip(rint(x / scale), low, high) * scale [* m] [+ a] [rounded again]."""
+    y = _round(x, scale, low, high, out)
+    if m is not None:
+        np.multiply(y, m, out=y)
+    if a is not None:
+        np.add(y, a, out=y)
+    return _round(y, post_scale, post_low, post_high, y) if post_scale else y
 
 
 def _layout(scale: np.ndarray, zero_point: np.ndarray | None, ndim: int, axis: int):
@@ -80,6 +99,54 @@ def _chain(act: Callable | None, params: list[float], mul: np.ndarray | None, ad
     return finish
 
 
+def _rounding(out_type: TensorType | None, params: list[float], mul: np.ndarray | None, add: np.ndarray | None,
+              post_params: list[float] | None) -> Callable[[np.ndarray, tuple], None]:
+    """The epilogue ``rounding, * mul, + add[, rounding]`` as the registered QuantizeDequantize kernel's one call
+    per tile (the highest priority that applies to these operands; the numpy kernel at worst)."""
+    scale, low, high = params
+    post = list(post_params) if post_params else [0.0, 0.0, 0.0]
+    attrs = {"scale": scale, "low": low, "high": high, "post_scale": post[0], "post_low": post[1], "post_high": post[2]}
+    types = tuple(None if c is None else TensorType(c.dtype, c.shape) for c in (mul, add))
+    ctx = KernelContext("", QDQ, 1, (out_type, *types), (out_type,), (None, None, None), 1)
+    found = get_registry().select_kernel(MINFER_DOMAIN, QDQ, 1, "numpy", ctx, attrs)
+    fn = (found or quantize_dequantize).prepared(ctx, attrs)
+
+    def finish(y: np.ndarray, region: tuple) -> None:
+        part = y[region]
+        fn(part, None if mul is None else _part_of(mul, y.ndim, region),
+           None if add is None else _part_of(add, y.ndim, region), out=part)
+
+    return finish
+
+
+def _epilogue(out_type: TensorType | None, act: str, params: list[float], mul: np.ndarray | None,
+              add: np.ndarray | None, post: str, post_params: list[float]) -> Callable[[np.ndarray, tuple], None] | None:
+    """The Dequant* epilogue: one rounding kernel call when it starts with the rounding and ends with one or none
+    (what qdq_epilogue_fusion makes of a quantized model), else the numpy stages one after another."""
+    if act == QDQ and post in ("", QDQ) and len(params) == 3:
+        return _rounding(out_type, params, mul, add, post_params if post else None)
+    return _chain(ops.ACTIVATIONS[act] if act else None, params, mul, add, ops.ACTIVATIONS[post] if post else None,
+                  post_params)
+
+
+def _residual(finish: Callable[[np.ndarray, tuple], None] | None, out_type: TensorType | None,
+              params: list[float]) -> Callable[[np.ndarray], Callable[[np.ndarray, tuple], None]]:
+    """``fn(z)``: the epilogue of one run with residual ``z``: ``finish``, then + z and the rounding, per tile."""
+    rounding = _rounding(out_type, [float(v) for v in params], None, None, None)
+
+    def with_z(z: np.ndarray) -> Callable[[np.ndarray, tuple], None]:
+        def epilogue(y: np.ndarray, region: tuple) -> None:
+            if finish is not None:
+                finish(y, region)
+            part = y[region]
+            np.add(part, z[region], out=part)
+            rounding(y, region)
+
+        return epilogue
+
+    return with_z
+
+
 def _dequantizer(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: int, name: str) -> Callable[[], np.ndarray]:
     """``fn()``: DequantizeLinear(wq, ws, wz) in this thread's scratch, as DequantizeLinear rounds it (float32)."""
     scale, zero = _layout(ws, wz, wq.ndim, axis % wq.ndim)
@@ -108,48 +175,61 @@ def _dequantizer(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: in
     return dequantized
 
 
-def _base_kernel(ctx: Any, base: str, w_shape: tuple[int, ...], bias: np.ndarray | None, attrs: dict) -> Any:
-    """The registered kernel of ``base`` prepared for a per-run weight (and the constant bias), and its record."""
-    inner = get_registry().select_kernel("", base, ops.NEWEST)
-    if inner is None:
-        raise KernelError(f"{ctx.node_name}: ai.minfer::{DEQUANT[base]} needs a kernel for {base}; none is installed")
+def _holds_float(base: str, wq: np.ndarray, attrs: dict) -> bool:
+    """Whether the weight is dequantized once, at build, and held as float32: a depthwise conv's (a few KB, and the
+    base op's kernels for constant weights are the fast ones there: taps packed once, numba's loops)."""
+    return base == "Conv" and wq.ndim > 2 and wq.shape[1] == 1 and int(attrs.get("group", 1)) == wq.shape[0] > 1
+
+
+def _base_kernel(ctx: Any, base: str, w_shape: tuple[int, ...], weight: np.ndarray | None, bias: np.ndarray | None,
+                 attrs: dict) -> tuple[Any, Any, list[np.ndarray | None]]:
+    """The base op's kernel as the core picks it for a node with these constants (``weight``: the float weight when
+    held, else None: a per-run one), its record, and the constants it does not pack (passed from here each run)."""
     types = tuple(ctx.input_types) + (None,) * 5
-    arity = ops.ARITY[base]
-    inner_ctx = KernelContext(ctx.node_name, base, ops.NEWEST, (types[0], TensorType(np.float32, w_shape), types[4])[:arity],
-                              tuple(ctx.output_types), (None, None, bias)[:arity], 1)
-    return inner, inner.prepared(inner_ctx, attrs)
+    consts = (None, weight, bias)[: ops.ARITY[base]]
+    inner_ctx = KernelContext(ctx.node_name, base, ops.NEWEST, (types[0], TensorType(np.float32, w_shape), types[4])[
+        : ops.ARITY[base]], tuple(ctx.output_types), consts, 1)
+    found = prepare_node(get_registry(), inner_ctx, attrs)
+    if found is None:
+        raise KernelError(f"{ctx.node_name}: ai.minfer::{DEQUANT[base]} needs a kernel for {base}; none is installed")
+    inner, fn = found
+    return inner, fn, [None if v is None or (inner.prepare and i in inner.packed) else v for i, v in enumerate(consts)]
 
 
 def _dequant(base: str) -> Callable[..., Any]:
     """The factory of Dequant{base}: dequantize the int8 weight into scratch, run {base}'s kernel, then the epilogue."""
 
     def factory(ctx: Any, *, axis: int = 1, activation: str = "", activation_params: list[float] | None = None,
-                post_activation: str = "", post_activation_params: list[float] | None = None, **attrs: Any) -> Any:
-        c = tuple(ctx.constants) + (None,) * 7
+                post_activation: str = "", post_activation_params: list[float] | None = None,
+                residual_params: list[float] | None = None, **attrs: Any) -> Any:
+        c = tuple(ctx.constants) + (None,) * 8
         zp_computed = len(ctx.input_types) > 3 and ctx.input_types[3] is not None and c[3] is None
         if c[1] is None or c[2] is None or zp_computed:
             raise KernelError(f"{ctx.node_name}: ai.minfer::{DEQUANT[base]} needs its weight, scale and zero point as "
                               f"initializers (the qdq_fusion pass only creates it so); got a computed one")
         dequantized = _dequantizer(c[1], c[2], c[3], axis, f"minfer_passes-dequant-{base}")
-        inner, fn = _base_kernel(ctx, base, c[1].shape, c[4], attrs)
-        # declared packed: a constant bias the base kernel does not pack itself is passed from here
-        held_bias = c[4] if c[4] is not None and not (inner.prepare and 2 in inner.packed) else None
-        finish = _chain(ops.ACTIVATIONS[activation] if activation else None, [float(v) for v in activation_params or []],
-                        c[5], c[6], ops.ACTIVATIONS[post_activation] if post_activation else None,
-                        [float(v) for v in post_activation_params or []])
-        del ctx, c
-        whole = None if finish is None else (lambda y: finish(y, (slice(None),) * y.ndim))
+        weight = dequantized().copy() if _holds_float(base, c[1], attrs) else None
+        inner, fn, held = _base_kernel(ctx, base, c[1].shape, weight, c[4], attrs)
+        # the weight each run: dequantized now, or the one held at build (None when the base kernel packed it)
+        weight_now = dequantized if weight is None else (lambda: held[1])
+        out_type = ctx.output_types[0] if ctx.output_types else None
+        finish = _epilogue(out_type, activation, [float(v) for v in activation_params or []], c[5], c[6],
+                           post_activation, [float(v) for v in post_activation_params or []])
+        residual = None if residual_params is None else _residual(finish, out_type, residual_params)
+        del ctx, c, weight, dequantized
 
-        def run(x, w=None, s=None, z=None, b=None, m=None, a=None, *, out=None):
-            args = (x, dequantized()) if base == "MatMul" else (x, dequantized(), b if held_bias is None else held_bias)
+        def run(x, w=None, s=None, zp=None, b=None, m=None, a=None, z=None, *, out=None):
+            wf = weight_now()
+            args = (x, wf) if len(held) == 2 else (x, wf, b if held[2] is None else held[2])
+            epilogue = finish if residual is None or z is None else residual(z)
             if inner.epilogue and inner.out:
-                return fn(*args, out=out, epilogue=finish)
+                return fn(*args, out=out, epilogue=epilogue)
             y = fn(*args, out=out) if inner.out else fn(*args)
             if out is not None and y is not out:
                 np.copyto(out, y)
                 y = out
-            if whole is not None:
-                whole(y)  # the base kernel declared out=, views=False: y is its own
+            if epilogue is not None:
+                epilogue(y, (slice(None),) * y.ndim)  # the base kernel declared out=, views=False: y is its own
             return y
 
         # the weight goes to this process's private scratch; the base kernel's output tiles may be shared
@@ -175,7 +255,8 @@ def _infer_dequant(base: str) -> Callable[..., list[TensorType | None]]:
     float_infer = infer_as(base)
 
     def infer(x: TensorType | None, wq: TensorType | None = None, *rest: TensorType | None, axis: int = 1,
-              post_activation: str = "", post_activation_params: Any = None, **attrs: Any) -> list[TensorType | None]:
+              post_activation: str = "", post_activation_params: Any = None, residual_params: Any = None,
+              **attrs: Any) -> list[TensorType | None]:
         """The base op's inference on X and the dequantized weight's type (the epilogue keeps the output's)."""
         w = None if wq is None or x is None else TensorType(x.dtype, wq.shape)
         bias = rest[2:3] if base != "MatMul" else ()
@@ -185,7 +266,8 @@ def _infer_dequant(base: str) -> Callable[..., list[TensorType | None]]:
 
 
 OPS = [
-    op(QDQ, domain=MINFER_DOMAIN, doc="QuantizeLinear then DequantizeLinear (per tensor) as one rounding step"),
+    op(QDQ, domain=MINFER_DOMAIN, doc="QuantizeLinear then DequantizeLinear (per tensor) as one rounding step; "
+       "optionally then * M, + A and a second rounding (the Dequant* epilogue)"),
     *[op(name, domain=MINFER_DOMAIN, infer=_infer_dequant(base), doc=f"{base} of an int8 weight, dequantized per run")
       for base, name in DEQUANT.items()],
 ]
@@ -228,8 +310,9 @@ def _lower_dequant(graph: Graph, node: Node) -> None:
     axis = attrs.pop("axis", 1)
     stages = [(attrs.pop("activation", ""), list(attrs.pop("activation_params", [])))]
     post = (attrs.pop("post_activation", ""), list(attrs.pop("post_activation_params", [])))
+    residual = list(attrs.pop("residual_params", []))
     base = next(b for b, name in DEQUANT.items() if name == node.op_type)
-    inputs = (list(node.inputs) + [""] * 7)[:7]
+    inputs = (list(node.inputs) + [""] * 8)[:8]
     name = node.name or node.op_type
     w = fresh(graph, f"{name}_w")
     weight = inputs[1:4] if inputs[3] else inputs[1:3]
@@ -238,6 +321,7 @@ def _lower_dequant(graph: Graph, node: Node) -> None:
     steps: list[tuple[str, list, list[float]]] = [(a, [], p) for a, p in stages if a]
     steps += [(op_type, [value], []) for op_type, value in (("Mul", inputs[5]), ("Add", inputs[6])) if value]
     steps += [(post[0], [], post[1])] if post[0] else []
+    steps += [("Add", [inputs[7]], []), (QDQ, [], residual)] if inputs[7] else []
     t = graph.type_of(node.outputs[0])
     src = fresh(graph, f"{name}_y") if steps else node.outputs[0]
     new.append(Node(base, args, [src], attrs, node.name or fresh(graph, base.lower())))
@@ -284,8 +368,27 @@ def lower_quantized(graph: Graph) -> bool:
         changed = True
     for node in list(graph.nodes):
         if node.domain == MINFER_DOMAIN and node.op_type == QDQ:
-            a = node.attrs
-            graph.replace([node], _qdq_nodes(graph, node.inputs[0], node.outputs[0], a["scale"], a["low"], a["high"],
-                                             node.name or "qdq"))
+            graph.replace([node], _lower_rounding(graph, node))
             changed = True
     return changed
+
+
+def _lower_rounding(graph: Graph, node: Node) -> list[Node]:
+    """QuantizeDequantize(X, [M], [A]; [post_*]) -> Q/DQ [-> Mul M] [-> Add A] [-> Q/DQ on the post grid]."""
+    a, name = node.attrs, node.name or "qdq"
+    steps = [(op_type, v) for op_type, v in zip(("Mul", "Add"), (list(node.inputs) + ["", ""])[1:3]) if v]
+    grids = [(a["scale"], a["low"], a["high"])] + ([(a["post_scale"], a["post_low"], a["post_high"])]
+                                                   if a.get("post_scale") else [])
+    last = len(steps) + len(grids) - 1
+    t = graph.type_of(node.outputs[0])
+    src, nodes = node.inputs[0], []
+    for k, step in enumerate([grids[0], *steps, *grids[1:]]):
+        dst = node.outputs[0] if k == last else fresh(graph, f"{name}_s{k}")
+        if t is not None:
+            graph.types[dst] = t
+        if isinstance(step[1], str):
+            nodes.append(Node(step[0], [src, step[1]], [dst], {}, fresh(graph, f"{name}_{step[0].lower()}")))
+        else:
+            nodes.extend(_qdq_nodes(graph, src, dst, *step, name=fresh(graph, f"{name}_r{k}")))
+        src = dst
+    return nodes
