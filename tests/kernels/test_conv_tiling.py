@@ -108,3 +108,21 @@ def test_tuner_times_the_channel_tiling_only_where_it_differs(monkeypatch):
     assert any(all(t.m1 - t.m0 == 1024 for t in plan.tiling(x1, p)) for plan in one)
     by_rows = plans[: len(conv.TUNE_BYTES)]  # the rows plans come first (the usual best)
     assert eight == tuner.distinct(by_rows, np.empty((8, 256, 14, 14), np.float32), p)
+
+
+@pytest.mark.parametrize("xs,ws", [((1, 144, 1, 1), (576, 144, 1, 1)), ((1, 96, 7, 7), (40, 96, 1, 1))])
+@pytest.mark.parametrize("folded", [False, True])
+def test_small_pointwise_map_of_one_image_is_one_gemm(monkeypatch, xs, ws, folded):
+    """A one-image pointwise conv on a small map runs as one GEMM and a bias pass, in one parallel_for range,
+    the epilogue once over the whole output, with 1 and 2 threads."""
+    from modelkit import spy_parallel_for
+
+    ranges = spy_parallel_for(monkeypatch, conv)
+    whole: list[int] = []
+    real = conv._whole_image
+    monkeypatch.setattr(conv, "_whole_image", lambda *a: whole.append(1) or real(*a))
+    x, _, b, want, win, p = conv_case(xs, ws, [0, 0, 0, 0], [1, 1], folded)
+    plan = conv._pointwise(win)
+    for threads in (1, 2):
+        run_conv_plan(plan, x, p, b, want, threads)
+    assert whole == [1, 1] and ranges == [1, 1]

@@ -108,6 +108,24 @@ def test_depthwise_row_loops_give_the_phase_planes_bits(shape, k, s, pads, d):
     np.testing.assert_array_equal(phase(x, w, b), rows(x, w, b))
 
 
+@pytest.mark.parametrize("shape, k, strides, pads", [
+    ((1, 4, 9, 13), 3, [2, 1], [1, 1, 1, 1]),  # phase planes by rows only
+    ((1, 4, 13, 9), 5, [1, 2], [2, 2, 2, 2]),  # by columns only: one pass splits each row's two phases
+    ((2, 3, 8, 15), 3, [2, 2], [0, 1, 1, 0]),  # odd rows: one column phase a cell longer than the other
+    ((1, 3, 6, 6), 7, [2, 2], [3, 3, 3, 3]),  # neither 3x3 nor 5x5: taps three a pass
+])
+def test_depthwise_phase_planes_give_the_row_loops_bits_for_unequal_strides(shape, k, strides, pads):
+    """The phase-plane kernel gives the row loops' bits with unequal strides, odd rows and other kernel sizes."""
+    rng = np.random.default_rng(sum(shape) + k)
+    x = rng.standard_normal(shape, dtype=np.float32)
+    w = rng.standard_normal((shape[1], 1, k, k), dtype=np.float32)
+    b = rng.standard_normal(shape[1], dtype=np.float32)
+    attrs = dict(group=shape[1], kernel_shape=[k, k], strides=strides, pads=pads)
+    ctx = context("Conv", [x, w, b], [None, w, b])
+    phase, rows = depthwise.conv.prepared(ctx, attrs), depthwise.conv_rows.prepared(ctx, attrs)
+    np.testing.assert_array_equal(phase(x, w, b), rows(x, w, b))
+
+
 def test_depthwise_node_has_three_candidates_for_the_core_to_time():
     """A depthwise float32 node offers the phase-plane kernel, the row-loop kernel (just below it) and numpy's,
     so the core's timed choice sees all three; MINFER_TUNE=0 takes the phase planes."""
@@ -258,7 +276,7 @@ def test_pools_left_to_numpy():
 # ---- activations ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("shape", [(7,), (1, 96, 56, 56), (3, 1, 1000)])
+@pytest.mark.parametrize("shape", [(7,), (1, 96, 56, 56), (3, 1, 1000), (1, 64, 128, 128)])  # the last: blocks
 @pytest.mark.parametrize("kern, attrs", [(activation.hard_swish, {}), (activation.hard_sigmoid, {}),
                                          (activation.hard_sigmoid, {"alpha": 0.3, "beta": 0.4})])
 def test_hard_activations_same_bits_as_numpy(shape, kern, attrs):

@@ -145,6 +145,35 @@ def _grouped_tiles(n: int, p: Packed, rows: int, macs: int) -> list[Tile]:
 # a pointwise conv copies its input tile to add the bias in the GEMM (a row of ones) when it has at most this
 # many input channels per output channel: the copy of C rows then costs less than the bias pass over M rows
 FOLD_CHANNELS = 1.0
+# a pointwise conv of one image with at most this many output cells per channel, left whole by its tiling (too
+# small to split), skips the tile machinery: one GEMM straight on its input or on one plain copy (when it folds
+# the bias), then the epilogue. On maps this small (squeeze-excite's 1x1, 7x7 heads) the machinery's Python
+# and numpy calls cost as much as the GEMM
+SMALL_MAP = 256
+
+
+def _whole_image(x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None, fold: bool,
+                 epilogue: Epilogue | None, t: Tile) -> None:
+    """A one-group pointwise conv of one image as the single tile ``t`` (all of y): W @ x + bias (in the GEMM
+    when ``fold``: x copied above a row of ones), then the epilogue. Through `parallel_for` all the same, so
+    that only one process of a team computes it."""
+    c = x.shape[1]
+    out = y.reshape(p.out_channels, -1)
+
+    def whole(lo: int, hi: int) -> None:
+        if fold:
+            ops = scratch("conv-pointwise", (c + 1, out.shape[1]), x.dtype)
+            np.copyto(ops[:c], x.reshape(c, -1))
+            ops[c] = 1
+            np.matmul(p.weights(True)[0], ops, out=out)
+        else:
+            np.matmul(p.matrix[0], x.reshape(c, -1), out=out)
+            if bias is not None:
+                np.add(out, bias.reshape(-1, 1), out=out)
+        if epilogue is not None:
+            epilogue(y, t.region)
+
+    parallel_for(1, whole, parts=1, outputs_only=True)
 
 
 def _pointwise(w: geo.Window, budget: int | None = None, prefer: str = "rows") -> Plan:
@@ -173,9 +202,12 @@ def _pointwise(w: geo.Window, budget: int | None = None, prefer: str = "rows") -
         n, c = x.shape[:2]
         m, g = p.out_channels, p.group
         tiles = tiles_for(x, p)
+        fold = bias is not None and p.biased is not None and (strided or c <= FOLD_CHANNELS * m)
+        if n == 1 and g == 1 and not strided and len(tiles) == 1 and rows * row_len <= SMALL_MAP:
+            _whole_image(x, p, y, bias, fold, epilogue, tiles[0])
+            return
         xs = x[sub] if strided else x
         cols = xs.reshape(n, g, c // g, rows, row_len)
-        fold = bias is not None and p.biased is not None and (strided or c <= FOLD_CHANNELS * m)
 
         def tile(t: Tile) -> None:
             if g == 1 and (fold or strided or t.images > 1):

@@ -37,12 +37,29 @@ def _hard_sigmoid(x, y, alpha, beta, swish, lo, hi):  # pragma: no cover - compi
         y[uintp(i)] = v * t if swish else t
 
 
+@jit
+def _in_place(y, alpha, beta, swish):  # pragma: no cover - compiled
+    """`_hard_sigmoid` with y as its input and output (flat)."""
+    for i in range(y.size):
+        v = y[uintp(i)]
+        t = alpha * v + beta
+        t = np.float32(0) if t < 0 else t
+        t = np.float32(1) if t > 1 else t
+        y[uintp(i)] = v * t if swish else t
+
+
 def _elementwise(alpha: float, beta: float, swish: bool) -> Any:
     """The run callable: whole tensor in blocks of BLOCK, over the threads from SPLIT_ELEMENTS on."""
     a, b = np.float32(alpha), np.float32(beta)
     _hard_sigmoid(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), a, b, swish, 0, 1)  # compile at build
+    _in_place(np.zeros(1, np.float32), a, b, swish)
 
     def run(x, *, out=None):
+        if out is x and x.size < SPLIT_ELEMENTS and x.flags.c_contiguous:
+            # in place and not worth splitting (a fused op's activation on its output tile): one compiled call,
+            # without the block machinery's Python, which cost as much as the pass on a squeeze-excite gate
+            _in_place(x.reshape(-1), a, b, swish)
+            return x
         y = out if out is not None else np.empty(x.shape, np.float32)
         src, dst = readonly(np.ascontiguousarray(x)).reshape(-1), y.reshape(-1)
         n = src.size

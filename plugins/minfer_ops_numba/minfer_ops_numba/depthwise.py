@@ -24,7 +24,8 @@ import numpy as np
 from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from ._jit import F32, PRIORITY, is_float32, readonly
-from .loops import phase_rows, weighted_rows, wide_rows
+from .loops import weighted_rows, wide_rows
+from .phases import phase_rows
 from .window import Window, window
 
 Epilogue = Callable[[np.ndarray, tuple], None]

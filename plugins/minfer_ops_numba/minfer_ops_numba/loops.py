@@ -4,10 +4,10 @@ The pools compute each output row while it sits in L1: it starts at its
 initial value and takes its taps in the order (ky, kx), the numpy kernels'
 tap order; taps falling in the padding are skipped through the loop
 bounds, so the input is read in place (no padded copy); so does the
-depthwise conv's `weighted_rows`. Its `phase_rows` (and `wide_rows` at
-stride 1) copies each channel into zero-bordered planes instead, so that
-every tap is one contiguous run over the plane: the same (ky, kx) order,
-each tap rounded on its own, so all three give the same bits.
+depthwise conv's `weighted_rows`. Its `wide_rows` (stride 1) and
+phases.py's `phase_rows` copy each channel into zero-bordered planes
+instead, so that every tap is one contiguous run over the plane: the same
+(ky, kx) order, each tap rounded on its own, so all three give the same bits.
 Indices are made unsigned (``uintp``): numba then drops its negative-index
 check, which otherwise keeps the loops from vectorizing.
 
@@ -178,92 +178,6 @@ def scale_planes(y, scale, c0, c1):  # pragma: no cover - compiled
     for c in range(c0, c1):
         for i in range(cells):
             yf[uintp(c * cells + i)] *= sf[uintp(i)]
-
-
-@jit
-def phase_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cover - compiled
-    """y[c] = bias[c] + sum of w[c, ky, kx] * x[c] shifted, for planes c0..c1 of x (C, H, W) into y (C, OH, OW).
-
-    Each channel is copied into sh * sw zero-bordered phase planes (row i, column j of the padded input goes
-    to plane (i % sh, j % sw) at (i // sh, j // sw)), all Wq wide: a tap then reads one plane at a fixed
-    offset from its output, whatever the stride, and every tap is one contiguous run over all output rows
-    ("wide" rows of Wq outputs, the columns past the output's width computed and dropped). Contiguous runs
-    vectorize where a stride-2 read does not (3x faster on 5x5 stride-2 layers), and one run per tap and
-    plane costs less than one per row on 14x14 and 7x7 planes. Taps go in (ky, kx) order, up to three a
-    pass over the run, each still rounded on its own.
-    """
-    height, width = x.shape[1], x.shape[2]
-    kh, kw = w.shape[1], w.shape[2]
-    oh, ow = y.shape[1], y.shape[2]
-    wq, hq = ow + ((kw - 1) * dw) // sw, oh + ((kh - 1) * dh) // sh
-    size = (hq + 1) * wq  # a plane and a spare row: the last wide row's dropped columns read past hq rows
-    runs = oh * wq
-    q = np.zeros(sh * sw * size, x.dtype)  # the borders stay zero: every channel fills the same cells
-    acc = np.empty(runs, x.dtype)
-    srcs, dsts, counts, m = copies(height, width, sh, sw, ph, pw, hq, wq, size)
-    xf, yf = x.reshape(-1), y.reshape(-1)
-    for c in range(c0, c1):
-        for t in range(m):
-            s0, d0 = c * height * width + srcs[t], dsts[t]
-            if sw == 1:  # constant strides: the copies vectorize
-                for u in range(counts[t]):
-                    q[uintp(d0 + u)] = xf[uintp(s0 + u)]
-            elif sw == 2:
-                for u in range(counts[t]):
-                    q[uintp(d0 + u)] = xf[uintp(s0 + u * 2)]
-            else:
-                for u in range(counts[t]):
-                    q[uintp(d0 + u)] = xf[uintp(s0 + u * sw)]
-        b = bias[c]
-        for j in range(runs):
-            acc[uintp(j)] = b
-        for ky in range(kh):
-            rb = ((ky * dh) % sh) * sw * size + ((ky * dh) // sh) * wq
-            for k0 in range(0, kw, 3):
-                n = min(3, kw - k0)
-                w0, o0 = w[c, ky, k0], rb + ((k0 * dw) % sw) * size + (k0 * dw) // sw
-                if n == 1:
-                    for j in range(runs):
-                        acc[uintp(j)] += w0 * q[uintp(o0 + j)]
-                    continue
-                w1, o1 = w[c, ky, k0 + 1], rb + (((k0 + 1) * dw) % sw) * size + ((k0 + 1) * dw) // sw
-                if n == 2:
-                    for j in range(runs):
-                        v = acc[uintp(j)]
-                        v += w0 * q[uintp(o0 + j)]
-                        acc[uintp(j)] = v + w1 * q[uintp(o1 + j)]
-                    continue
-                w2, o2 = w[c, ky, k0 + 2], rb + (((k0 + 2) * dw) % sw) * size + ((k0 + 2) * dw) // sw
-                for j in range(runs):
-                    v = acc[uintp(j)]
-                    v += w0 * q[uintp(o0 + j)]
-                    v += w1 * q[uintp(o1 + j)]
-                    acc[uintp(j)] = v + w2 * q[uintp(o2 + j)]
-        for oy in range(oh):
-            for ox in range(ow):
-                yf[uintp((c * oh + oy) * ow + ox)] = acc[uintp(oy * wq + ox)]
-
-
-@jit
-def copies(height, width, sh, sw, ph, pw, hq, wq, size):  # pragma: no cover - compiled
-    """The strided copies that fill one channel's phase planes: (offset in x's plane, offset in the planes,
-    count) per input row and column phase, and how many. Found once per call: the integer divisions cost
-    more than a 7-wide row's copy."""
-    srcs, dsts = np.empty(height * sw, np.int64), np.empty(height * sw, np.int64)
-    counts, m = np.empty(height * sw, np.int64), 0
-    for iy in range(height):
-        i = iy + ph
-        if i // sh >= hq:
-            continue  # read by no output
-        for px in range(sw):
-            ix0 = (px - pw) % sw  # the first column of x landing in column phase px
-            j0 = (ix0 + pw) // sw
-            n = min((width - ix0 + sw - 1) // sw, wq - j0)
-            if n > 0:
-                srcs[m], counts[m] = iy * width + ix0, n
-                dsts[m] = ((i % sh) * sw + px) * size + (i // sh) * wq + j0
-                m += 1
-    return srcs, dsts, counts, m
 
 
 @jit

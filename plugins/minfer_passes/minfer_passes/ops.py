@@ -168,6 +168,37 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
     return spmd(run) if getattr(fn, "spmd", False) else run
 
 
+# activations (with the ONNX names of their activation_params) whose registered kernel the epilogue calls, in
+# place, on each tile that is C-contiguous, when the kernel writes in place (declares ``out`` and ``inplace``
+# of its input, as the engine calls those: on one C-contiguous buffer): a plugin's one-pass kernel
+# (minfer-ops-numba's) then replaces the numpy passes above, which on the small tiles of MobileNetV3 and
+# PP-LCNet cost more in calls than in work
+REGISTERED = {"HardSigmoid": ("alpha", "beta"), "HardSwish": ()}
+
+
+def _activation(ctx: Any, activation: str, params: list[float]) -> Callable[[np.ndarray, list[float]], None]:
+    """A fused op's activation: the registered in-place kernel of the op on C-contiguous tiles, else numpy's."""
+    numpy_act = ACTIVATIONS[activation]
+    names = REGISTERED.get(activation)
+    out_type = ctx.output_types[0] if names is not None and ctx.output_types else None
+    if out_type is None:
+        return numpy_act
+    attrs = dict(zip(names, params))
+    act_ctx = KernelContext(ctx.node_name, activation, NEWEST, (out_type,), (out_type,), (None,), 1)
+    kern = get_registry().select_kernel("", activation, NEWEST, "numpy", act_ctx, attrs)
+    if kern is None or not kern.out or 0 not in kern.inplace:
+        return numpy_act
+    fn = kern.prepared(act_ctx, attrs)
+
+    def act(y: np.ndarray, p: list[float]) -> None:
+        if y.flags.c_contiguous:
+            fn(y, out=y)
+        else:
+            numpy_act(y, p)
+
+    return act
+
+
 def _fused(base: str) -> Callable[..., Any]:
     arity, packed = ARITY[base], PACKED[base]
 
@@ -179,8 +210,8 @@ def _fused(base: str) -> Callable[..., Any]:
         found = get_registry().kernel_candidates("", base, NEWEST, "numpy", inner_ctx, attrs)
         if not found:
             raise LookupError(f"Fused{base} needs a kernel for {base}; none is installed")
-        act = ACTIVATIONS[activation] if activation else None
         params = [float(v) for v in (activation_params or [])]
+        act = _activation(ctx, activation, params) if activation else None
         # a declared-packed constant the base kernel does not pack: hold a copy (the engine frees the original)
         held: dict[int, np.ndarray] = {}
         for i in packed:
