@@ -102,8 +102,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> 
     if STEADY.get():
         return 0
     best = [float("inf")] * len(names)
-    for _ in range(ROUNDS):
-        for i in range(len(names)):
+    for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
+        for i in range(len(names))[:: 1 - 2 * (r % 2)]:
             best[i] = min(best[i], time_one(i))
     win = best.index(min(best))
     store().put(full, names[win])

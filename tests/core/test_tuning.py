@@ -46,6 +46,14 @@ def test_the_fastest_is_chosen_and_stored_for_a_later_process(cache):
     assert out.stdout.strip() == "1"
 
 
+def test_rounds_alternate_the_order_of_the_candidates(cache):
+    """Every other round times the candidates backwards, so none always runs right after the same one
+    (a kernel timed after a heavy one meets caches it evicted)."""
+    time_one, ran = fake_times([3.0, 1.0, 2.0])
+    tuning.choose("op|order", ["a", "b", "c"], time_one)
+    assert ran == [0, 1, 2, 2, 1, 0][: 3 * tuning.ROUNDS]
+
+
 def test_other_candidates_make_another_key():
     """A stored choice applies only to the same candidates: a new plugin's kernel is timed against the others."""
     tuning.choose("op", ["a", "b"], fake_times([1.0, 2.0])[0])
