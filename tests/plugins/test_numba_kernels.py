@@ -364,7 +364,8 @@ def test_node_cases_of_covered_ops_pass_through_numba(monkeypatch):
     for case in CASES:
         run_case(case)
         ran |= {spec.kernel.op_type for spec in Engine(case.proto).program.specs if spec.kernel.plugin == NUMBA}
-    assert ran == set(COVERED) - {"Conv", "Resize"}
+    # the expanded cases' chains are fused by minfer-passes and may run the compiled FusedElementwise too
+    assert ran - {"FusedElementwise"} == set(COVERED) - {"Conv", "Resize"}
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
