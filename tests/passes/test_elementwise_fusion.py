@@ -328,7 +328,8 @@ def _realmodels():
 def test_fires_where_expected_on_real_models(name, expected):
     """On the YOLO head and the transformer block, `all` fuses exactly the expected elementwise groups."""
     graph = load_model(getattr(_realmodels(), name)(seed=0))
-    optimize_graph(graph, "all")
+    # without the passes that take the encoder's bias/residual Adds and decomposed LayerNorm whole first
+    optimize_graph(graph, "all", disabled=("matmul_bias_fusion", "layer_norm_fusion"))
     assert sorted(n.attrs["ops"] for n in _fused(graph)) == sorted(expected)
 
 

@@ -33,6 +33,13 @@ def is_op(node: Node | None, *op_types: str) -> bool:
     return node is not None and node.domain == "" and node.op_type in op_types
 
 
+def other_input(node: Node, value: str) -> str | None:
+    """The input of binary ``node`` that is not ``value`` (None when value is not exactly one of its inputs)."""
+    if len(node.inputs) != 2 or list(node.inputs).count(value) != 1:
+        return None
+    return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
+
+
 def dtype_of(graph: Graph, value: str) -> np.dtype | None:
     return getattr(graph.type_of(value), "dtype", None)  # None too for a sequence or optional (no element dtype)
 

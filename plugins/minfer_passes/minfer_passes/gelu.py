@@ -42,7 +42,7 @@ import numpy as np
 
 from minfer_core import Graph, Node, kernel, op, parallel_for, same_as_input
 
-from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op
+from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op, other_input
 
 OP = "Gelu"
 
@@ -54,13 +54,6 @@ def _scalar(graph: Graph, name: str, target: float, rank: int) -> bool:
     v = const(graph, name)
     return (v is not None and v.size == 1 and v.ndim <= rank
             and math.isclose(float(v.reshape(())), target, rel_tol=1e-6))
-
-
-def _other(node: Node, value: str) -> str | None:
-    """The input of binary ``node`` that is not ``value`` (None when value is not exactly one of them)."""
-    if len(node.inputs) != 2 or list(node.inputs).count(value) != 1:
-        return None
-    return node.inputs[1] if node.inputs[0] == value else node.inputs[0]
 
 
 def _next(graph: Graph, value: str, *op_types: str) -> Node | None:
@@ -82,31 +75,31 @@ def _match(graph: Graph, erf: Node) -> tuple[str, list[Node], str] | None:
         rank = len(tx.shape)
         if scale.op_type == "Div" and scale.inputs[0] == x and _scalar(graph, scale.inputs[1], math.sqrt(2), rank):
             break
-        if scale.op_type == "Mul" and _scalar(graph, _other(scale, x) or "", math.sqrt(0.5), rank):
+        if scale.op_type == "Mul" and _scalar(graph, other_input(scale, x) or "", math.sqrt(0.5), rank):
             break
     else:
         return None
     add = _next(graph, erf.outputs[0], "Add")
-    if add is None or not _scalar(graph, _other(add, erf.outputs[0]) or "", 1.0, rank):
+    if add is None or not _scalar(graph, other_input(add, erf.outputs[0]) or "", 1.0, rank):
         return None
     a = add.outputs[0]
     mul = _next(graph, a, "Mul")
     if mul is None:
         return None
-    partner = _other(mul, a)
+    partner = other_input(mul, a)
     if partner == x:  # (X * A) * 0.5
         last = _next(graph, mul.outputs[0], "Mul")
-        if last is None or not _scalar(graph, _other(last, mul.outputs[0]) or "", 0.5, rank):
+        if last is None or not _scalar(graph, other_input(last, mul.outputs[0]) or "", 0.5, rank):
             return None
         return x, [scale, erf, add, mul, last], last.outputs[0]
     if partner is not None and _scalar(graph, partner, 0.5, rank):  # X * (A * 0.5)
         last = _next(graph, mul.outputs[0], "Mul")
-        if last is None or _other(last, mul.outputs[0]) != x:
+        if last is None or other_input(last, mul.outputs[0]) != x:
             return None
         return x, [scale, erf, add, mul, last], last.outputs[0]
     half = graph.producer(partner) if partner else None  # (X * 0.5) * A
     if (not is_op(half, "Mul") or graph.sole_consumer(partner) is not mul  # type: ignore[arg-type]
-            or not _scalar(graph, _other(half, x) or "", 0.5, rank)):  # type: ignore[arg-type]
+            or not _scalar(graph, other_input(half, x) or "", 0.5, rank)):  # type: ignore[arg-type]
         return None
     return x, [half, scale, erf, add, mul], mul.outputs[0]  # type: ignore[list-item]
 
@@ -167,7 +160,7 @@ def _gelu_block(x: np.ndarray, out: np.ndarray, t: np.ndarray, p: np.ndarray) ->
     out -= p
 
 
-def _gelu_range(x: np.ndarray, out: np.ndarray) -> None:
+def gelu_range(x: np.ndarray, out: np.ndarray) -> None:
     """GELU of a 1-D float32 range into ``out`` (which may be ``x``), block by block."""
     block = min(x.size, _BLOCK)
     t, p = np.empty(block, np.float32), np.empty(block, np.float32)
@@ -187,11 +180,11 @@ def gelu32(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     res = y.reshape(-1)  # planned buffers are C-contiguous: a view
     n = flat.size
     if n < 2 * SPLIT:
-        _gelu_range(flat, res)
+        gelu_range(flat, res)
         return y
 
     def part(lo: int, hi: int) -> None:
-        _gelu_range(flat[lo * SPLIT : min(n, hi * SPLIT)], res[lo * SPLIT : min(n, hi * SPLIT)])
+        gelu_range(flat[lo * SPLIT : min(n, hi * SPLIT)], res[lo * SPLIT : min(n, hi * SPLIT)])
 
     parallel_for(-(-n // SPLIT), part)
     return y

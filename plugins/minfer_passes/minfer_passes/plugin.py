@@ -13,6 +13,7 @@ from typing import Any, Callable
 from minfer_core import Pass, hookimpl
 
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
+from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
 from . import qdq, qdq_ops
 from ._util import fixpoint
@@ -37,6 +38,9 @@ PASSES = [
     _pass(fusion.matmul_add_to_gemm, "basic", requires=TYPED, after=("constant_folding",), rtol=1e-5, atol=1e-6),
     _pass(layout.transpose_merge, "basic", loop=True),
     _pass(layout.reshape_merge, "basic", after=("constant_folding",), loop=True),
+    Pass("reshape_dim_copy", reshape_dims.reshape_dim_copy, "basic", requires=TYPED,
+         after=("constant_folding", "shape_folding"), before=("dead_code_elimination",),
+         doc=(reshape_dims.reshape_dim_copy.__doc__ or "").strip(), patterns="minfer_passes.reshape_dims:patterns"),
     _pass(elimination.dead_code_elimination, "basic", after=("constant_folding", "reshape_merge", "identity_elimination")),
     _pass(layout.global_conv_to_gemm, "all", requires=TYPED, before=("global_pool_flatten", "activation_fusion"),
           after=("affine_fusion",), rtol=1e-5, atol=1e-6),
@@ -45,6 +49,21 @@ PASSES = [
     Pass("gelu_fusion", gelu.gelu_fusion, "extended", requires=TYPED, after=("constant_folding",),
          before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
          doc=(gelu.gelu_fusion.__doc__ or "").strip(), patterns="minfer_passes.gelu:patterns"),
+    # after gelu_fusion (its Gelu becomes the activation), before the passes that would take its Adds apart
+    Pass("matmul_bias_fusion", linear.matmul_bias_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "identity_elimination", "matmul_add_to_gemm", "gelu_fusion", "reshape_dim_copy"),
+         before=("elementwise_fusion", "scalar_binary", "weighted_sum_fusion", "activation_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(linear.matmul_bias_fusion.__doc__ or "").strip(), patterns="minfer_passes.linear:patterns"),
+    # before the passes that would take its Add/Sqrt/Div/Mul chain apart or into FusedElementwise
+    Pass("layer_norm_fusion", layernorm.layer_norm_fusion, "basic", requires=TYPED,
+         after=("constant_folding", "identity_elimination"),
+         before=("elementwise_fusion", "scalar_binary", "weighted_sum_fusion", "matmul_bias_fusion"), rtol=1e-4, atol=1e-5,
+         doc=(layernorm.layer_norm_fusion.__doc__ or "").strip(), patterns="minfer_passes.layernorm:patterns"),
+    # before the scalar forms and elementwise_fusion, which would take its Mul/Div and Where apart
+    Pass("masked_softmax_fusion", softmax.masked_softmax_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "identity_elimination"),
+         before=("elementwise_fusion", "scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(softmax.masked_softmax_fusion.__doc__ or "").strip(), patterns="minfer_passes.softmax:patterns"),
     _pass(algebra.weighted_sum_fusion, "extended", requires=TYPED, before=("scalar_binary",),
           after=("affine_fusion", "matmul_add_to_gemm")),
     _pass(algebra.scalar_binary, "extended", requires=TYPED, after=("affine_fusion", "matmul_add_to_gemm")),
@@ -81,12 +100,12 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS, linear.OPS, softmax.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS)
+    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS, linear.KERNELS, softmax.KERNELS)
 
 
 @hookimpl

@@ -10,7 +10,9 @@ same outputs. Each fused node becomes the nodes it was made from:
 - ``BinaryScalar`` -> Add/Sub/Mul/Div with a 0-d initializer;
 - ``WeightedSum`` -> Mul, Mul, Add with 0-d initializers;
 - ``ChannelAffine`` -> BatchNormalization with mean 0, var 1, epsilon 0 (see `affine`), then the activation;
-- ``Gelu`` -> Div by sqrt 2, Erf, Add 1, Mul by X, Mul by 0.5 (see `gelu`).
+- ``Gelu`` -> Div by sqrt 2, Erf, Add 1, Mul by X, Mul by 0.5 (see `gelu`);
+- ``FusedMatMulBias`` -> MatMul, Add C, [Add Z], [the activation] (see `linear`);
+- ``MaskedSoftmax`` -> [Mul/Div by the scalar], [Where], Softmax (see `softmax`).
 
 Exact: it is the reverse of the fusions, computing the same operations.
 """
@@ -26,7 +28,10 @@ from .activation import activation_node
 from .affine import expand_channel_affine
 from .elementwise import expand_elementwise
 from .gelu import expand_gelu
+from .linear import expand_matmul_bias
+from .softmax import expand_masked_softmax
 from .ops import ARITY, BASE_OPS
+from .integer import lower_integer
 from .qdq_ops import lower_quantized
 
 
@@ -86,12 +91,15 @@ EXPANDERS = {
     "ChannelAffine": expand_channel_affine,
     "Gelu": expand_gelu,
     "FusedElementwise": expand_elementwise,
+    "FusedMatMulBias": expand_matmul_bias,
+    "MaskedSoftmax": expand_masked_softmax,
 }
 
 
 def expand_fused(graph: Graph) -> bool:
     """Replace every ai.minfer node by the standard ops it stands for."""
     changed = lower_quantized(graph)  # first: the fused ops it leaves without their rounding are expanded below
+    changed = lower_integer(graph) or changed
     for node in list(graph.nodes):
         if node.domain == MINFER_DOMAIN and node.op_type in EXPANDERS:
             EXPANDERS[node.op_type](graph, node)
