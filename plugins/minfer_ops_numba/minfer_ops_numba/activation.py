@@ -4,7 +4,7 @@ The formulas are the numpy kernels', in float32 and in the same order
 (``alpha * x + beta``, clipped to [0, 1], NaN kept; HardSwish multiplies x
 by that with alpha 1/6 and beta 1/2), so the results are the same bits.
 
-Not here, because compiled code does not pay for them: Softmax and Gelu
+Not here, because compiled code does not pay for them: Softmax and Gelu-20
 spend their time in exp and erf, which numba calls one element at a time
 (libm; no vector math library ships with it), while numpy's float32 exp is
 vectorized: a compiled Softmax over 4096 rows of 128 floats took 1.9 ms

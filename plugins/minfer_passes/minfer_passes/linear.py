@@ -161,7 +161,7 @@ def fused_matmul_bias(ctx, *, activation="", activation_params=None):
     # GELU takes ~14 numpy calls per block of a part: two threads making them contend for the GIL, which made
     # FFN1 of the transformer block slower split than whole, so it runs after the product on the whole output,
     # in ranges as `gelu.gelu32` splits them (long ones only). The epilogue keeps the two Adds (one call each).
-    after = _gelu_after if activation == gelu.OP else None
+    after = _gelu_after(_gelu_ranges(ctx)) if activation == gelu.OP else None
 
     # C broadcast to each output shape, kept across runs (np.broadcast_to costs a few microseconds, as much as
     # the bias Add on a 128x256 output); the value holds C itself, so its id stays its own
@@ -203,18 +203,34 @@ def fused_matmul_bias(ctx, *, activation="", activation_params=None):
     return spmd(run) if takes_epilogue and getattr(fn, "spmd", False) else run
 
 
-def _gelu_after(y: np.ndarray) -> np.ndarray:
-    """GELU of the contiguous float32 ``y`` in place, in `gelu.SPLIT`-element ranges over the threads from two
-    ranges up (as `gelu.gelu32`), else as one range: every write of y inside a range (the `spmd` contract)."""
-    flat, n, step = y.reshape(-1), y.size, gelu.SPLIT
-    count = -(-n // step) if n >= 2 * step else 1
-    size = step if count > 1 else n
+def _gelu_ranges(ctx: Any) -> Callable[[np.ndarray, np.ndarray], Any]:
+    """``fn(x, out)``, GELU of a 1-D float32 range: the registered ai.minfer::Gelu kernel when a plugin's writes in
+    place and is not this plugin's own (minfer-ops-numba's one compiled pass), else `gelu.gelu_range`."""
+    out_type = ctx.output_types[0] if ctx.output_types else None
+    gelu_ctx = KernelContext(ctx.node_name, gelu.OP, 1, (out_type,), (out_type,), (None,), 1)
+    kern = get_registry().select_kernel(MINFER_DOMAIN, gelu.OP, 1, "numpy", gelu_ctx, {}) if out_type else None
+    if kern is None or kern.fn is gelu.gelu.fn or not kern.out or 0 not in kern.inplace:
+        return gelu.gelu_range
+    fn = kern.prepared(gelu_ctx, {})
+    return lambda x, out: fn(x, out=out)
 
-    def part(lo: int, hi: int) -> None:
-        gelu.gelu_range(flat[lo * size : min(n, hi * size)], flat[lo * size : min(n, hi * size)])
 
-    parallel_for(count, part, parts=None if count > 1 else 1, outputs_only=True)
-    return y
+def _gelu_after(gelu_range: Callable[[np.ndarray, np.ndarray], Any]) -> Callable[[np.ndarray], np.ndarray]:
+    """``after(y)``: GELU of the contiguous float32 ``y`` in place, in `gelu.SPLIT`-element ranges over the threads
+    from two ranges up (as `gelu.gelu32`), else as one range: every write of y inside a range (the `spmd` contract)."""
+
+    def after(y: np.ndarray) -> np.ndarray:
+        flat, n, step = y.reshape(-1), y.size, gelu.SPLIT
+        count = -(-n // step) if n >= 2 * step else 1
+        size = step if count > 1 else n
+
+        def part(lo: int, hi: int) -> None:
+            gelu_range(flat[lo * size : min(n, hi * size)], flat[lo * size : min(n, hi * size)])
+
+        parallel_for(count, part, parts=None if count > 1 else 1, outputs_only=True)
+        return y
+
+    return after
 
 
 def _infer(a: Any, w: Any, c: Any = None, z: Any = None, **attrs: Any) -> list[Any]:
