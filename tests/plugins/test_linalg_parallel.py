@@ -163,10 +163,10 @@ def test_integer_products_stay_exact_when_split(split_everything, sa, sb):
     a = RNG.integers(-128, 128, sa).astype(np.int8)
     b = RNG.integers(0, 256, sb).astype(np.uint8)
     want = np.matmul(a.astype(np.int64), b.astype(np.int64) - 7)
-    got = linalg.matmul_integer.fn(a, b, None, np.array(7, np.uint8))
+    got = prepared(linalg.matmul_integer, "MatMulInteger", (None,) * 4)(a, b, None, np.array(7, np.uint8))
     assert got.dtype == np.int32
     np.testing.assert_array_equal(got, want)
     one = np.array(1.0, np.float32)
-    q = linalg.qlinear_matmul.fn(a, one, np.array(0, np.int8), b, one, np.array(7, np.uint8), np.array(64.0, np.float32),
-                                 np.array(0, np.int8))
+    q = prepared(linalg.qlinear_matmul, "QLinearMatMul", (None,) * 8)(
+        a, one, np.array(0, np.int8), b, one, np.array(7, np.uint8), np.array(64.0, np.float32), np.array(0, np.int8))
     np.testing.assert_array_equal(q, np.clip(np.rint(want / 64.0), -128, 127).astype(np.int8))

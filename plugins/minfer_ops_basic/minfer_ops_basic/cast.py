@@ -220,13 +220,16 @@ def _per_tensor_8bit(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | 
 
 def _quantize_8bit(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, target: np.dtype) -> np.ndarray:
     """quantize() for `_per_tensor_8bit` operands: the same float32 steps, one allocation instead of six."""
-    v = np.divide(x, scale.reshape(()))
+    v = np.asarray(np.divide(x, scale.reshape(())))  # 0-d operands give a numpy scalar, which rint cannot write
     np.rint(v, out=v)
-    if zero_point is not None:
-        v += np.float32(zero_point.reshape(()))
+    zp = 0 if zero_point is None else int(zero_point.reshape(()))
     lo, hi = _int_range(target)
-    np.clip(v, lo, hi, out=v)
-    return v.astype(target)
+    # clip(rint(v), lo - zp, hi - zp) + zp is clip(rint(v) + zp, lo, hi) (integers), with the add converting
+    # straight into the 8-bit output: one pass and one allocation fewer
+    np.clip(v, lo - zp, hi - zp, out=v)
+    out = np.empty(v.shape, target)
+    np.add(v, np.float32(zp), out=out, casting="unsafe")  # integers in range: the conversion is exact
+    return out
 
 
 def dequantize(x, scale, zero_point, *, axis=1, block_size=0, output_dtype=0):
@@ -306,10 +309,11 @@ def dynamic_quantize_linear(x):
     lo = np.float32(min(0.0, float(np.min(x)) if x.size else 0.0))
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
     zp = np.rint(np.clip(np.float32(0) - lo / scale, 0, 255))
-    y = np.divide(x, scale, dtype=np.float32)  # in place from here: each fresh large array costs page faults
+    y = np.asarray(np.divide(x, scale, dtype=np.float32))  # in place from here: fresh large arrays cost page faults
     np.rint(y, out=y)
-    y += zp
-    np.clip(y, 0, 255, out=y)
-    return y.astype(np.uint8), np.asarray(scale, dtype=x.dtype), np.asarray(zp, dtype=np.uint8)
+    np.clip(y, -zp, np.float32(255) - zp, out=y)  # then + zp, converting into the output (see `_quantize_8bit`)
+    q = np.empty(y.shape, np.uint8)
+    np.add(y, zp, out=q, casting="unsafe")
+    return q, np.asarray(scale, dtype=x.dtype), np.asarray(zp, dtype=np.uint8)
 
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from minfer_core import intra_op_threads, kernel, parallel_for, spmd
+from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 
 from .elementwise import arr, into, is_exotic
 
@@ -347,10 +347,67 @@ def _exact_product_f32(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_
     return acc.reshape(a.shape[:-1] + (b.shape[1],))
 
 
-@kernel("MatMulInteger", since=10)
-def matmul_integer(a, b, a_zero_point=None, b_zero_point=None):
+@kernel("MatMulInteger", since=10, prepare=True, packed=(1, 3))
+def matmul_integer(ctx):
     """MatMulInteger-10: (A - a_zp) @ (B - b_zp) accumulated exactly, as int32."""
-    return arr(np.rint(_integer_product(a, b, a_zero_point, b_zero_point)), np.int32)
+    held = _HeldB.of(ctx, 1, 3)
+    del ctx  # packed=(1, 3): the closure must not keep the originals alive through ctx.constants
+
+    def run(a, b=None, a_zero_point=None, b_zero_point=None):
+        acc = held.product(a, a_zero_point) if held is not None and b_zero_point is None else None
+        if acc is None:
+            if held is not None:  # B packed: the engine passes None for it (and for its zero point when constant)
+                b, b_zero_point = held.b, held.b_zp if b_zero_point is None else b_zero_point
+            acc = np.rint(_integer_product(a, b, a_zero_point, b_zero_point))
+        return arr(acc, np.int32)  # exact integers in range
+
+    return run
+
+
+EXACT_F32 = 2**24  # float32 holds every integer below this exactly
+
+
+class _HeldB:
+    """A constant 2-D 8-bit B of MatMulInteger/QLinearMatMul and its zero point, held as given (8-bit).
+
+    ``l1``: the largest column L1 norm of B - b_zp. Every partial sum of an output's products is at most
+    max|A - a_zp| * l1; below 2**24 one float32 GEMM (any order of summation) gives the exact integers, half the
+    bytes and none of the float64 chunks that the worst-case bound (|A|, |B| up to 255) needs from K = 259 on.
+    """
+
+    def __init__(self, b: np.ndarray, b_zp: np.ndarray | None) -> None:
+        self.b, self.b_zp = b, b_zp
+        self.zp = np.float32(0 if b_zp is None else np.asarray(b_zp).reshape(-1)[0])
+        self.l1 = np.inf  # a B of another rank or a per-column zero point: always the general product
+        if b.ndim == 2 and (b_zp is None or b_zp.size == 1):
+            self.l1 = float(np.abs(b.astype(np.float32) - self.zp).sum(axis=0, dtype=np.float64).max(initial=0.0))
+
+    @classmethod
+    def of(cls, ctx: Any, b_index: int, zp_index: int) -> _HeldB | None:
+        """The held B when it is a constant (the engine then passes None for it: packed), with its zero point when
+        that is one (a zero point computed at run is passed to run: see its use)."""
+        consts = tuple(ctx.constants) + (None,) * (zp_index + 1)
+        return None if consts[b_index] is None else cls(consts[b_index], consts[zp_index])
+
+    def product(self, a: np.ndarray, a_zp: np.ndarray | None) -> np.ndarray | None:
+        """(A - a_zp) @ (B - b_zp) as float32 when one float32 GEMM is exact for this A, else None."""
+        if self.l1 == np.inf or a.ndim < 2 or (a_zp is not None and np.asarray(a_zp).size != 1) or not a.size:
+            return None
+        if a.shape[-1] != self.b.shape[0]:
+            return None
+        am = scratch("minfer_ops_basic-int-a", (a.size // a.shape[-1], a.shape[-1]), np.float32)
+        np.copyto(am, a.reshape(am.shape), casting="unsafe")  # a converting copy, then a float subtract
+        if a_zp is not None and np.any(a_zp):
+            np.subtract(am, np.float32(np.asarray(a_zp).reshape(-1)[0]), out=am)
+        widest = max(float(am.max(initial=0.0)), -float(am.min(initial=0.0)))
+        if widest * self.l1 >= EXACT_F32:
+            return None
+        bf = scratch("minfer_ops_basic-int-b", self.b.shape, np.float32)
+        np.copyto(bf, self.b, casting="unsafe")
+        if self.zp:
+            np.subtract(bf, self.zp, out=bf)
+        y = product_into(np.empty((am.shape[0], bf.shape[1]), np.float32), am, bf)
+        return y.reshape(a.shape[:-1] + (bf.shape[1],))
 
 
 def _integer_product(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp: np.ndarray | None) -> np.ndarray:
@@ -361,13 +418,28 @@ def _integer_product(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp
     return _exact_product(_centered(a, a_zp, True), _centered(b, b_zp, False))
 
 
-@kernel("QLinearMatMul", since=10)
-def qlinear_matmul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+@kernel("QLinearMatMul", since=10, prepare=True, packed=(3, 5))
+def qlinear_matmul(ctx):
     """QLinearMatMul-10: exact integer product of the centered operands, rescaled once, rounded, saturated."""
-    acc = _integer_product(a, b, a_zero_point, b_zero_point)
+    held = _HeldB.of(ctx, 3, 5)
+    del ctx  # packed=(3, 5): the closure must not keep the originals alive through ctx.constants
+
+    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+        acc = held.product(a, a_zero_point) if held is not None and b_zero_point is None else None
+        if acc is None:
+            if held is not None:  # B packed: the engine passes None for it (and for its zero point when constant)
+                b, b_zero_point = held.b, held.b_zp if b_zero_point is None else b_zero_point
+            acc = _integer_product(a, b, a_zero_point, b_zero_point)
+        return _requantized(acc, a, a_scale, b_scale, y_scale, y_zero_point)
+
+    return run
+
+
+def _requantized(acc: np.ndarray, a: np.ndarray, a_scale, b_scale, y_scale, y_zero_point) -> np.ndarray:
+    """QLinearMatMul's output from the exact integer product ``acc``: rescaled in float64, rounded, saturated."""
     sa = np.asarray(a_scale, dtype=np.float64)
     sa = sa.reshape(-1, 1) if sa.ndim == 1 else sa  # a 1-D a_scale is per row
-    y = acc * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))
+    y = acc.astype(np.float64) * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))
     target = a.dtype if y_zero_point is None else y_zero_point.dtype
     if y_zero_point is not None:
         y = y + y_zero_point.astype(np.float64)

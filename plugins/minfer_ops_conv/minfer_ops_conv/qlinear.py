@@ -309,6 +309,18 @@ def _infer_qgemm(a: TensorType | None, *rest: TensorType | None, **attrs: Any) -
     return out
 
 
+def _infer_float_qlinear_conv(*types: TensorType | None, float_input: int = 0, float_output: int = 0,
+                              **attrs: Any) -> list:
+    out = _float_infer("Conv", (0, 3), 7)(*types, **attrs)
+    return [TensorType(np.float32, out[0].shape)] if float_output and out[0] is not None else out
+
+
+def _infer_scaled_conv_integer(x: TensorType | None, w: TensorType | None = None, *rest: TensorType | None,
+                               **attrs: Any) -> list:
+    out = _float_infer("Conv", (0, 1), 0)(x, w, **attrs)
+    return [None if out[0] is None else TensorType(np.float32, out[0].shape)]
+
+
 OPS = [
     op("QLinearAdd", domain=MS, infer=_float_infer("Add", (0, 3), 7), doc="quantized Add (onnxruntime contrib)"),
     op("QLinearMul", domain=MS, infer=_float_infer("Mul", (0, 3), 7), doc="quantized Mul (onnxruntime contrib)"),
@@ -319,4 +331,8 @@ OPS = [
     op("QLinearAveragePool", domain=MS, infer=_infer_average_pool, doc="quantized AveragePool (onnxruntime contrib)"),
     op("QLinearSoftmax", domain=MS, infer=same_as_input(0), doc="quantized Softmax (onnxruntime contrib)"),
     op("QGemm", domain=MS, infer=_infer_qgemm, doc="quantized Gemm (onnxruntime contrib)"),
+    op("FloatQLinearConv", domain="ai.minfer", infer=_infer_float_qlinear_conv,
+       doc="QuantizeLinear -> QLinearConv -> DequantizeLinear in one node (either end optional, see quant.py)"),
+    op("ScaledConvInteger", domain="ai.minfer", infer=_infer_scaled_conv_integer,
+       doc="ConvInteger -> Cast to float32 -> Mul by a scalar in one node (see quant.py)"),
 ]

@@ -6,23 +6,32 @@ Winograd, whose transforms are inexact on integers) on the centered input: every
 products is an integer the float type holds exactly (float32 below 2**24; past that, the input channels are
 cut into chunks whose float32 convs are exact, summed in float64: see `_held`), so the order in which a method
 sums them does not matter. The conversion of each tile to the integer output runs in the conv's epilogue,
-while the tile is still in cache.
+while the tile is still in cache. A depthwise conv instead holds its few centered weights as float32 and runs the
+registered Conv kernel (any plugin's: minfer-ops-numba's compiled loops), as a float model's depthwise conv does.
+
+minfer_passes' integer fusion makes two ai.minfer ops of the float conversions around these convs, run here:
+``FloatQLinearConv`` (QuantizeLinear -> QLinearConv -> DequantizeLinear: x quantized while it is centered, each
+output tile dequantized in the epilogue) and ``ScaledConvInteger`` (ConvInteger -> Cast -> Mul by a scalar).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import attrs
 import numpy as np
 
-from minfer_core import kernel, scratch
+from minfer_core import KernelContext, TensorType, get_registry, kernel, parallel_for, prepare_node, scratch
 
 from . import _geometry as geo
 from . import conv as float_conv
 
+MINFER = "ai.minfer"
 # |x - x_zp| for 8-bit x and zero point
 X_RANGE = 255
+# weights of at least this many elements are converted by the intra-op threads (~100 us of conversion: the
+# hand-over costs ~50 us)
+SPLIT_WEIGHTS = 1 << 18
 
 
 @attrs.frozen
@@ -40,12 +49,20 @@ class Held:
     chunks: tuple[tuple[int, int], ...]
 
     def centered(self) -> np.ndarray:
-        """w - w_zp as ``dtype``, in this thread's scratch (contents valid until its next call)."""
+        """w - w_zp as ``dtype``, in this thread's scratch (contents valid until its next call); large weights
+        are converted by the intra-op threads, rows split between them."""
         wf = scratch(f"minfer_ops_conv-int-w-{self.dtype.char}", self.w.shape, self.dtype)
-        np.copyto(wf, self.w, casting="unsafe")
-        if self.zero is not None:
-            np.subtract(wf, self.zero, out=wf)
+        if self.w.size >= SPLIT_WEIGHTS and self.w.shape[0] > 1:
+            parallel_for(self.w.shape[0], lambda lo, hi: self._center(wf, lo, hi))
+        else:
+            self._center(wf, 0, self.w.shape[0])
         return wf
+
+    def _center(self, wf: np.ndarray, lo: int, hi: int) -> None:
+        np.copyto(wf[lo:hi], self.w[lo:hi], casting="unsafe")  # a converting copy, then a float subtract
+        if self.zero is not None:
+            zero = self.zero[lo:hi] if self.zero.ndim and self.zero.shape[0] > 1 else self.zero
+            np.subtract(wf[lo:hi], zero, out=wf[lo:hi])
 
 
 EXACT = 2**24  # float32 holds every integer below this exactly
@@ -84,6 +101,32 @@ def _held(w: np.ndarray, w_zero_point: np.ndarray | None, group: int, extra: flo
     return Held(w, None if zero is None else zero.astype(dtype), dtype, group, chunks or whole)
 
 
+Rounding = Optional[tuple[np.float32, float, float]]  # (scale, low, high) of a QuantizeLinear in: `centered_input`
+
+
+def centered_input(x: np.ndarray, x_zero_point: np.ndarray | None, dtype: np.dtype, rounding: Rounding) -> np.ndarray:
+    """x - x_zp as ``dtype`` in this thread's scratch (padding the conv then pads with x_zp, as onnxruntime does).
+
+    ``rounding`` = (scale, low, high): x is float32 and this is QuantizeLinear(x) - x_zp, i.e.
+    clip(rint(x / scale), low, high) with low/high the 8-bit range less x_zp, as QuantizeLinear rounds.
+    """
+    xc = scratch(f"minfer_ops_conv-int-x-{dtype.char}", x.shape, dtype)
+    if rounding is not None:
+        scale, low, high = rounding
+        q = xc if dtype == np.float32 else np.empty(x.shape, np.float32)  # the float32 division QuantizeLinear does
+        np.divide(x, scale, out=q)
+        np.rint(q, out=q)
+        np.clip(q, low, high, out=q)
+        if q is not xc:
+            np.copyto(xc, q)
+        return xc
+    zp = 0 if x_zero_point is None else np.asarray(x_zero_point).reshape(-1)[0]
+    np.copyto(xc, x, casting="unsafe")  # a converting copy, then a float subtract: faster than one mixed-type loop
+    if zp:
+        np.subtract(xc, dtype.type(zp), out=xc)
+    return xc
+
+
 class IntegerConv:
     """sum((x - x_zp) * (w - w_zp)) per window through the float Conv's methods, one plan per input shape.
 
@@ -102,15 +145,12 @@ class IntegerConv:
         return self.plans[key]
 
     def __call__(self, x: np.ndarray, x_zero_point: np.ndarray | None, held: Held, dtype: np.dtype,
-                 finish: Callable[[np.ndarray, np.ndarray, tuple], None]) -> np.ndarray:
+                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None) -> np.ndarray:
         """The conv's result as ``dtype``: ``finish(y, out, region)`` turns each finished tile of the float
-        accumulator ``y`` (exact integers) into ``out[region]``, possibly from several threads at once."""
+        accumulator ``y`` (exact integers) into ``out[region]``, possibly from several threads at once.
+        ``rounding``: x is float32, quantized on the way in (`centered_input`)."""
         wf = held.centered()
-        xc = scratch(f"minfer_ops_conv-int-x-{held.dtype.char}", x.shape, held.dtype)
-        zp = 0 if x_zero_point is None else np.asarray(x_zero_point).reshape(-1)[0]
-        np.copyto(xc, x, casting="unsafe")  # a converting copy, then a float subtract: faster than one mixed-type loop
-        if zp:
-            np.subtract(xc, held.dtype.type(zp), out=xc)
+        xc = centered_input(x, x_zero_point, held.dtype, rounding)
         if len(held.chunks) > 1:
             return self._chunked(xc, wf, held, dtype, finish)
         p = float_conv.pack(wf, held.group)
@@ -142,6 +182,59 @@ class IntegerConv:
         return out
 
 
+class DepthwiseConv:
+    """A depthwise integer conv through the registered Conv kernel (minfer-ops-numba's loops when installed).
+
+    Its centered weights (a few values a channel) are held as float32 from the build, like a float model's, so
+    that the kernels for constant weights apply (taps packed once, compiled loops). Only when float32 sums the
+    conv exactly (``Held.chunks`` one range, float32): any kernel, summing in any order, then gives the exact
+    integers.
+    """
+
+    def __init__(self, ctx, held: Held, window_attrs: dict, x_index: int) -> None:
+        self.weights = held.centered().copy()
+        self.kernel = tuple(held.w.shape[2:])
+        self.attrs = window_attrs
+        x = ctx.input_types[x_index]
+        types = (TensorType(np.float32, x.shape), TensorType(np.float32, self.weights.shape))
+        inner_ctx = KernelContext(ctx.node_name, "Conv", 11, types, (TensorType(np.float32, None),),
+                                  (None, self.weights), 1)
+        attrs = {k: v for k, v in window_attrs.items() if v is not None}
+        attrs.update(group=held.group, kernel_shape=list(self.kernel))
+        found = prepare_node(get_registry(), inner_ctx, attrs)
+        self.inner, self.fn = found if found is not None else (None, None)
+        self.shapes: dict[tuple, tuple[int, ...]] = {}
+
+    @staticmethod
+    def applies(ctx, held: Held | None, x_index: int) -> bool:
+        """Whether the node is a depthwise conv (group == C == M) of a known 4-D input that float32 sums exactly."""
+        x = ctx.input_types[x_index] if len(ctx.input_types) > x_index else None
+        if held is None or x is None or x.shape is None or len(x.shape) != 4 or len(held.chunks) != 1:
+            return False
+        w = held.w
+        depthwise = held.group > 1 and w.shape[1] == 1 and x.shape[1] == held.group == w.shape[0]
+        return depthwise and held.dtype == np.float32
+
+    def __call__(self, x: np.ndarray, x_zero_point: np.ndarray | None, dtype: np.dtype,
+                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None) -> np.ndarray:
+        """As `IntegerConv.__call__`, with the held weights."""
+        xc = centered_input(x, x_zero_point, np.dtype(np.float32), rounding)
+        if not (self.inner.out and self.inner.epilogue):
+            y = np.asarray(self.fn(xc, self.weights), np.float32)
+            out = np.empty(y.shape, dtype)
+            if out.size:
+                finish(y, out, (slice(None),) * y.ndim)
+            return out
+        if x.shape not in self.shapes:
+            win = geo.window(x.shape[2:], self.kernel, clamp_same=True, **self.attrs)
+            self.shapes[x.shape] = (x.shape[0], self.weights.shape[0]) + win.out_shape
+        out = np.empty(self.shapes[x.shape], dtype)
+        if out.size:
+            y = scratch("minfer_ops_conv-int-y-f", out.shape, np.float32)
+            self.fn(xc, self.weights, out=y, epilogue=lambda acc, region: finish(acc, out, region))
+        return out
+
+
 def _window_attrs(auto_pad: str, dilations, pads, strides) -> dict:
     return dict(auto_pad=auto_pad, dilations=dilations, pads=pads, strides=strides)
 
@@ -159,36 +252,78 @@ def _build_weights(ctx, w_index: int, zp_index: int, group: int, extra: float = 
 @kernel("ConvInteger", since=10, prepare=True, packed=(1, 3))
 def conv_integer(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ConvInteger-10: int32 sum((x - x_zero_point) * (w - w_zero_point)) per window."""
-    integer = IntegerConv(_window_attrs(auto_pad, dilations, pads, strides))
+    return _conv_integer(ctx, False, _window_attrs(auto_pad, dilations, pads, strides), group)
+
+
+@kernel("ScaledConvInteger", domain=MINFER, since=1, prepare=True, packed=(1, 3))
+def scaled_conv_integer(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
+                        strides=None):
+    """ai.minfer::ScaledConvInteger-1: Cast(ConvInteger(x, w, x_zero_point, w_zero_point), float32) * scale (one
+    float32 value), the cast and product in the conv's epilogue (minfer_passes' integer fusion)."""
+    return _conv_integer(ctx, True, _window_attrs(auto_pad, dilations, pads, strides), group)
+
+
+def _conv_integer(ctx, scaled: bool, window_attrs: dict, group: int):
+    integer = IntegerConv(window_attrs)
     fixed = _build_weights(ctx, 1, 3, group)
+    depthwise = _depthwise(ctx, fixed, integer.attrs, 0)
     del ctx  # packed=(1, 3): the closure must not keep the originals alive through ctx.constants
 
-    def run(x, w, x_zero_point=None, w_zero_point=None):
+    def run(x, w, x_zero_point=None, w_zero_point=None, scale=None):
+        finish, dtype = _to_int32, np.dtype(np.int32)
+        if scaled:
+            finish, dtype = _scaled_by(np.float32(np.asarray(scale).reshape(-1)[0])), np.dtype(np.float32)
+        if depthwise is not None:
+            return depthwise(x, x_zero_point, dtype, finish)
         held = fixed if fixed is not None else _held(w, w_zero_point, group)
-        return integer(x, x_zero_point, held, np.dtype(np.int32), _to_int32)
+        return integer(x, x_zero_point, held, dtype, finish)
 
     return run
+
+
+def _scaled_by(scale: np.float32) -> Callable[[np.ndarray, np.ndarray, tuple], None]:
+    """The finish writing float32(y) * scale: y's exact integers rounded to float32 as an int32 -> float32 Cast
+    rounds them (to nearest even, from float64 chunks too), then the product Mul computes."""
+
+    def finish(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
+        part = y[region]
+        np.multiply(part if part.dtype == np.float32 else part.astype(np.float32), scale, out=out[region])
+
+    return finish
+
+
+def _depthwise(ctx, held: Held | None, window_attrs: dict, x_index: int) -> DepthwiseConv | None:
+    """The node's `DepthwiseConv` when it `applies` and a registered Conv kernel takes it, else None."""
+    if not DepthwiseConv.applies(ctx, held, x_index):
+        return None
+    found = DepthwiseConv(ctx, held, window_attrs, x_index)  # type: ignore[arg-type]
+    return found if found.fn is not None else None
 
 
 def _to_int32(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
     np.copyto(out[region], y[region], casting="unsafe")  # exact integers
 
 
-def _requantize_into(dst: np.ndarray, v: np.ndarray, scale: np.ndarray, zp: np.float32) -> None:
-    """dst = saturate(round-half-even(v * scale) + zp): in float32, as onnxruntime's MLAS requantizes.
+def _requantize_into(dst: np.ndarray, v: np.ndarray, scale: np.ndarray, zp: np.float32, info: np.iinfo,
+                     y_scale: np.float32 | None = None) -> None:
+    """dst = saturate(round-half-even(v * scale) + zp) to the 8-bit range ``info``: in float32, as onnxruntime's
+    MLAS requantizes; with ``y_scale``, dst (float32) is that value dequantized, (q - zp) * y_scale, bit for bit
+    as DequantizeLinear computes it (the clipped, rounded v is q - zp exactly).
 
     onnxruntime converts the int32 accumulator to float32 and multiplies by the float32 output scale
     (x_scale * w_scale / y_scale, itself computed in float32); in float64 some products would round to
     the other side of a .5. ``v`` holds exact integers (float32 rounding them is the int32's); it is
     overwritten.
     """
-    info = np.iinfo(dst.dtype)
     if v.dtype != np.float32:
         v = v.astype(np.float32)
     v *= scale
     np.clip(v, np.float32(info.min) - zp, np.float32(info.max) - zp, out=v)
     np.rint(v, out=v)
-    np.add(v, zp, out=dst, casting="unsafe")  # integers in range: the conversion is exact
+    if y_scale is not None:
+        np.multiply(v, y_scale, out=dst)
+    else:
+        np.add(v, zp, out=dst, casting="unsafe")  # integers in range: the conversion is exact
 
 
 def _output_scale(x_scale, w_scale, y_scale) -> np.ndarray:
@@ -207,15 +342,38 @@ def _bias_bound(ctx) -> float:
 @kernel("QLinearConv", since=10, prepare=True, packed=(3, 5))
 def qlinear_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """QLinearConv-10: the integer conv of the centered operands plus int32 bias, requantized to y's type."""
-    integer = IntegerConv(_window_attrs(auto_pad, dilations, pads, strides))
+    return _qlinear_conv(ctx, False, False, _window_attrs(auto_pad, dilations, pads, strides), group)
+
+
+@kernel("FloatQLinearConv", domain=MINFER, since=1, prepare=True, packed=(3, 5))
+def float_qlinear_conv(ctx, *, float_input=0, float_output=0, auto_pad="NOTSET", dilations=None, group=1,
+                       kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::FloatQLinearConv-1: QLinearConv of QuantizeLinear(X, x_scale, x_zero_point) (``float_input``),
+    then DequantizeLinear(Y, y_scale, y_zero_point) (``float_output``), the roundings in the conv's input
+    conversion and epilogue: bit for bit the three nodes it stands for (minfer_passes' integer fusion)."""
+    return _qlinear_conv(ctx, bool(float_input), bool(float_output), _window_attrs(auto_pad, dilations, pads, strides),
+                         group)
+
+
+def _rounding(scale: np.ndarray, zero_point: np.ndarray) -> Rounding:
+    """(scale, low, high) of QuantizeLinear to ``zero_point``'s 8-bit type, centered (`centered_input`)."""
+    info, zp = np.iinfo(np.asarray(zero_point).dtype), float(np.asarray(zero_point).reshape(-1)[0])
+    return np.float32(np.asarray(scale).reshape(-1)[0]), info.min - zp, info.max - zp
+
+
+def _qlinear_conv(ctx, float_input: bool, float_output: bool, window_attrs: dict, group: int):
+    integer = IntegerConv(window_attrs)
     no_bias = len(ctx.input_types) <= 8 or ctx.input_types[8] is None
     fixed = _build_weights(ctx, 3, 5, group, 0.0 if no_bias else _bias_bound(ctx))
+    depthwise = _depthwise(ctx, fixed, integer.attrs, 0)
     del ctx
 
     def run(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
         held = fixed if fixed is not None else _held(w, w_zero_point, group, 0.0 if b is None else float(2**31))
         per_channel = _output_scale(x_scale, w_scale, y_scale)
         zp = np.float32(np.asarray(y_zero_point).reshape(-1)[0])
+        info = np.iinfo(np.asarray(y_zero_point).dtype)
+        ys = np.float32(np.asarray(y_scale).reshape(-1)[0]) if float_output else None
         rank = x.ndim - 2
         bias = None if b is None else b.astype(held.dtype).reshape((-1,) + (1,) * rank)
         scale = per_channel.reshape((-1,) + (1,) * rank) if per_channel.size > 1 else per_channel.reshape(())
@@ -225,8 +383,12 @@ def qlinear_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shap
             ch = region[1] if len(region) > 1 else slice(None)
             if bias is not None:
                 part += bias[ch]  # exact: the bound at build counted the bias
-            _requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp)
+            _requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp, info, ys)
 
-        return integer(x, x_zero_point, held, np.asarray(y_zero_point).dtype, finish)
+        rounding = _rounding(x_scale, x_zero_point) if float_input else None
+        dtype = np.dtype(np.float32) if float_output else np.asarray(y_zero_point).dtype
+        if depthwise is not None:
+            return depthwise(x, x_zero_point, dtype, finish, rounding)
+        return integer(x, x_zero_point, held, dtype, finish, rounding)
 
     return run

@@ -15,7 +15,7 @@ from minfer_core import Pass, hookimpl
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
-from . import qdq, qdq_ops
+from . import integer, qdq, qdq_ops
 from ._util import fixpoint
 
 
@@ -90,6 +90,10 @@ PASSES = [
                 "conv_residual_fusion", "activation_fusion", "channel_affine_fusion", "global_conv_to_gemm"),
          before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
          doc=(elementwise.elementwise_fusion.__doc__ or "").strip(), patterns="minfer_passes.elementwise_patterns:patterns"),
+    # Q -> QLinearConv -> DQ (QOperator models), ConvInteger -> Cast -> Mul (dynamic ones) in one node each: exact
+    Pass("integer_conv_fusion", integer.integer_conv_fusion, "extended", requires=TYPED,
+         after=("constant_folding",), doc=(integer.integer_conv_fusion.__doc__ or "").strip(),
+         patterns="minfer_passes.integer:patterns"),
     _pass(portable.expand_fused, "basic", role="portable"),
     # after folding (which makes a computed condition a constant), before the passes that clean up after it
     Pass("constant_if_inlining", control_flow.constant_if_inlining, "basic", after=("constant_folding",),
