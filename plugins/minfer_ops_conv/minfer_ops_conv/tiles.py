@@ -19,8 +19,11 @@ from minfer_core import parallel_for
 
 # how many parts a conv worth splitting is cut into at least: one per core this process may use
 SPLIT = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
-# below this many multiply-adds (~50 us of GEMM here) a conv runs as one tile per image: hand-over costs more
-MIN_SPLIT_MACS = 4_000_000
+# below this many multiply-adds (~100 us of GEMM here) a conv runs as one tile per image: hand-over costs more.
+# 4M split convs whose second half waited on the worker's wake-up: 8M took b1 OCR recognizer 0.571 -> 0.484 ms,
+# MobileNetV3-small 3.78 -> 3.61, squeezenet 6.64 -> 6.41, DBNet 15.96 -> 15.26; resnet50, the detector and b8
+# level (in-process A/B, quiet machine); 16M cost mobilenet_v2 2.5%
+MIN_SPLIT_MACS = 8_000_000
 # a GEMM given fewer output columns than this runs far below peak: split output channels instead of rows
 MIN_COLUMNS = 64
 CHANNEL_ALIGN = 16
