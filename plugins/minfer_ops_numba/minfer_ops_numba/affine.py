@@ -1,0 +1,132 @@
+"""minfer-passes' ``ai.minfer::ChannelAffine`` (float32): act(X * S + B) per channel in one compiled pass.
+
+The numpy kernel multiplies, adds and activates chunk by chunk in cache (three or four numpy calls a
+chunk); this is one pass, with the same float32 operations in the same order (the product rounded, then
+the sum: no fused multiply-add), so the results are the same bits. The activations taken are the
+numpy kernel's Relu (NaN kept, like np.maximum), Clip (np.clip's order) and LeakyRelu; others stay with
+numpy (`applies`). In place (X's memory is the output's) a single-array loop runs: numba's two-array
+loop checks its operands for overlap and runs unvectorized when they do.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minfer_core import kernel, parallel_for
+
+from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+
+ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3}
+SPLIT = 1 << 20  # elements from which rows go over the intra-op threads (the numpy kernel's threshold)
+ROWS_PER_PART = 64
+
+
+@jit
+def _affine(x, y, s, b, channels, inner, act, p0, p1, r0, r1):  # pragma: no cover - compiled
+    """Rows r0..r1 (a row: one channel of one image, ``inner`` values) of y = act(x * s + b); s empty: x + b."""
+    scaled = s.size > 0
+    for r in range(r0, r1):
+        ch = r % channels
+        sc = s[uintp(ch)] if scaled else np.float32(1)
+        bc = b[uintp(ch)]
+        base = r * inner
+        for j in range(inner):
+            v = x[uintp(base + j)]
+            if scaled:
+                v = v * sc
+            v = v + bc
+            if act == 1:
+                v = v if (v >= 0 or v != v) else np.float32(0)
+            elif act == 2:
+                v = v if (v >= p0 or v != v) else p0
+                v = v if (v <= p1 or v != v) else p1
+            elif act == 3:
+                v = v * p0 if v < 0 else v
+            y[uintp(base + j)] = v
+
+
+@jit
+def _affine_in_place(y, s, b, channels, inner, act, p0, p1, r0, r1):  # pragma: no cover - compiled
+    """`_affine` with y as its input and output."""
+    scaled = s.size > 0
+    for r in range(r0, r1):
+        ch = r % channels
+        sc = s[uintp(ch)] if scaled else np.float32(1)
+        bc = b[uintp(ch)]
+        base = r * inner
+        for j in range(inner):
+            v = y[uintp(base + j)]
+            if scaled:
+                v = v * sc
+            v = v + bc
+            if act == 1:
+                v = v if (v >= 0 or v != v) else np.float32(0)
+            elif act == 2:
+                v = v if (v >= p0 or v != v) else p0
+                v = v if (v <= p1 or v != v) else p1
+            elif act == 3:
+                v = v * p0 if v < 0 else v
+            y[uintp(base + j)] = v
+
+
+def _params(activation: str, params: list[float]) -> tuple[np.float32, np.float32]:
+    """The activation's two parameters as the numpy kernel reads them (Clip: lo, hi; LeakyRelu: alpha)."""
+    if activation == "Clip":
+        lo, hi = (params + [-math.inf, math.inf])[:2] if params else (-math.inf, math.inf)
+        return np.float32(lo), np.float32(hi)
+    if activation == "LeakyRelu":
+        return np.float32(params[0] if params else 0.01), np.float32(0)
+    return np.float32(0), np.float32(0)
+
+
+def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """float32 X of rank 2 or more, and an activation this kernel computes (none, Relu, Clip, LeakyRelu)."""
+    t = ctx.input_types[0] if ctx.input_types else None
+    return (is_float32(ctx) and t.rank is not None and t.rank >= 2
+            and (attrs.get("activation") or "") in ACTS)
+
+
+# inplace: each element is read before it is written
+@kernel("ChannelAffine", domain="ai.minfer", since=1, priority=PRIORITY, prepare=True, out=True, inplace=(0,),
+        views=False, applies=_applies)
+def channel_affine(ctx, *, activation="", activation_params=None):
+    """ai.minfer::ChannelAffine-1 (float32): act(X * S + B) per channel (axis 1) in one compiled pass."""
+    act = ACTS[activation or ""]
+    p0, p1 = _params(activation or "", [float(v) for v in (activation_params or [])])
+    empty = np.zeros(0, np.float32)
+    one = np.zeros(1, np.float32)
+    _affine(readonly(one), one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)  # compile at build
+    _affine_in_place(one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)
+
+    def run(x, s, b, *, out=None):
+        channels = x.shape[1]
+        if (s is not None and s.size != channels) or b.size != channels:
+            raise ValueError(f"ChannelAffine: X {list(x.shape)} needs S (or none) and B of one value per channel "
+                             f"(axis 1); got {None if s is None else s.size} and {b.size}")
+        y = np.empty(x.shape, np.float32) if out is None else out
+        if x.size == 0:
+            return y
+        sv = empty if s is None else readonly(np.ascontiguousarray(s, dtype=np.float32).reshape(-1))
+        bv = readonly(np.ascontiguousarray(b, dtype=np.float32).reshape(-1))
+        rows, inner = x.shape[0] * channels, x.size // (x.shape[0] * channels)
+        dst = y.reshape(-1)
+        overlap = np.may_share_memory(x, y)
+        same = overlap and x.shape == y.shape and x.flags.c_contiguous and x.ctypes.data == y.ctypes.data
+        # a partial overlap (never made by the engine) is read from a copy
+        src = dst if same else readonly(np.array(x, order="C") if overlap else np.ascontiguousarray(x)).reshape(-1)
+
+        def part(lo: int, hi: int) -> None:
+            r0, r1 = lo * ROWS_PER_PART, min(rows, hi * ROWS_PER_PART)
+            if same:
+                _affine_in_place(dst, sv, bv, channels, inner, act, p0, p1, r0, r1)
+            else:
+                _affine(src, dst, sv, bv, channels, inner, act, p0, p1, r0, r1)
+
+        parts = -(-rows // ROWS_PER_PART)
+        parallel_for(parts, part, parts=None if x.size >= SPLIT and parts > 1 else 1, outputs_only=True)
+        return y
+
+    return run
