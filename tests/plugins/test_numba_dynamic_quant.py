@@ -1,0 +1,75 @@
+"""minfer-ops-numba's DynamicQuantizeLinear gives minfer-ops-basic's results, and competes with it per node."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+
+from minfer_core import KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_ops_basic import cast  # noqa: E402
+from minfer_ops_numba import dynamic_quant, plugin  # noqa: E402
+
+NUMBA = "minfer-ops-numba"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def numba_plugin():
+    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
+    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
+        yield
+        return
+    with use_plugins(plugin):
+        yield
+
+
+def _ctx(shape, dtype=np.float32):
+    t = TensorType(dtype, shape)
+    return KernelContext("dq", "DynamicQuantizeLinear", 11, (t,), (None, None, None), (None,), 3)
+
+
+def _inputs():
+    rng = np.random.default_rng(4)
+    yield rng.standard_normal((2, 3, 17, 19)).astype(np.float32) * 5
+    yield np.abs(rng.standard_normal((1000,))).astype(np.float32)  # all positive: zero point 0
+    yield -np.abs(rng.standard_normal((7, 9))).astype(np.float32)  # all negative: zero point 255
+    yield np.zeros((4, 4), np.float32)  # hi == lo: scale 1/255
+    steps = np.float32(0.02)
+    yield (np.arange(-300, 300, dtype=np.float32) + 0.5) * steps  # many values near .5 of a step: ties
+    yield np.array([-0.0, 0.0, -0.0], np.float32)
+
+
+@pytest.mark.parametrize("x", list(_inputs()), ids=["normal", "positive", "negative", "zeros", "ties", "signed-zeros"])
+def test_same_results_as_minfer_ops_basic(x):
+    """y, scale and zero point equal minfer-ops-basic's kernel's exactly."""
+    run = dynamic_quant.dynamic_quantize_linear.prepared(_ctx(x.shape), {})
+    for got, want in zip(run(x), cast.dynamic_quantize_linear.fn(x)):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("special", [np.nan, np.inf, -np.inf])
+def test_nan_and_infinities_take_the_numpy_formula(special):
+    """A tensor holding NaN or an infinity gives what minfer-ops-basic's kernel gives (its formula, not the loop)."""
+    x = np.array([1.0, -2.0, special, 3.0], np.float32)
+    run = dynamic_quant.dynamic_quantize_linear.prepared(_ctx(x.shape), {})
+    with np.errstate(invalid="ignore"):
+        want = cast.dynamic_quantize_linear.fn(x)
+    for got, expected in zip(run(x), want):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_an_empty_tensor():
+    """No element: scale and zero point as minfer-ops-basic's kernel makes them, y empty."""
+    x = np.zeros((0, 3), np.float32)
+    run = dynamic_quant.dynamic_quantize_linear.prepared(_ctx(x.shape), {})
+    for got, want in zip(run(x), cast.dynamic_quantize_linear.fn(x)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_applies_to_float32_and_is_timed_against_numpy():
+    """float32 nodes offer the compiled kernel and numpy's; a float16 node only numpy's."""
+    found = get_registry().kernel_candidates("", "DynamicQuantizeLinear", 11, "numpy", _ctx((2, 2)), {})
+    assert [k.plugin for k in found] == [NUMBA, "minfer-ops-basic"]
+    assert not dynamic_quant.dynamic_quantize_linear.applies(_ctx((2, 2), np.float16), {})
