@@ -7,24 +7,15 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_core import KernelContext, TensorType, get_registry  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import affine as numba_affine  # noqa: E402
-from minfer_ops_numba import plugin  # noqa: E402
 from minfer_passes import affine as numpy_affine  # noqa: E402
 
-NUMBA = "minfer-ops-numba"
 ACTIVATIONS = [("", []), ("Relu", []), ("Clip", [0.0, 6.0]), ("Clip", []), ("LeakyRelu", [0.1]), ("LeakyRelu", [])]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def _ctx(shape, dtype=np.float32):
@@ -81,5 +72,5 @@ def test_the_core_times_it_against_numpy():
     times both (MINFER_TUNE=0 would take the compiled one, its priority being higher)."""
     found = get_registry().kernel_candidates("ai.minfer", "ChannelAffine", 1, "numpy", _ctx((1, 4, 2, 2)),
                                              {"activation": "Relu"})
-    assert [k.plugin for k in found][:1] == [NUMBA] and len(found) == 2
+    assert len(found) == 2 and found[0].fn is numba_affine.channel_affine.fn  # by record: in-code plugins have no dist name
     assert {(k.out, k.inplace, k.views, k.epilogue) for k in found} == {(True, (0,), False, False)}

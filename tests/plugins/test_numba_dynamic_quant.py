@@ -7,21 +7,11 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_core import KernelContext, TensorType, get_registry  # noqa: E402
 from minfer_ops_basic import cast  # noqa: E402
-from minfer_ops_numba import dynamic_quant, plugin  # noqa: E402
+from minfer_ops_numba import dynamic_quant  # noqa: E402
 
-NUMBA = "minfer-ops-numba"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def _ctx(shape, dtype=np.float32):
@@ -71,5 +61,5 @@ def test_an_empty_tensor():
 def test_applies_to_float32_and_is_timed_against_numpy():
     """float32 nodes offer the compiled kernel and numpy's; a float16 node only numpy's."""
     found = get_registry().kernel_candidates("", "DynamicQuantizeLinear", 11, "numpy", _ctx((2, 2)), {})
-    assert [k.plugin for k in found] == [NUMBA, "minfer-ops-basic"]
+    assert [k.fn for k in found] == [dynamic_quant.dynamic_quantize_linear.fn, cast.dynamic_quantize_linear.fn]
     assert not dynamic_quant.dynamic_quantize_linear.applies(_ctx((2, 2), np.float16), {})

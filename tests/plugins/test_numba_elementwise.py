@@ -7,28 +7,20 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import Engine, KernelContext, TensorType, get_registry, load_model, use_plugins  # noqa: E402
+from minfer_core import Engine, KernelContext, TensorType, get_registry, load_model  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
-from minfer_ops_numba import elementwise, plugin  # noqa: E402
+from minfer_ops_numba import elementwise  # noqa: E402
 from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 passes_kernel = pytest.importorskip("minfer_passes.elementwise_kernel")
-NUMBA = "minfer-ops-numba"
 F32 = np.dtype(np.float32)
 EXACT = ("Add", "Sub", "Mul", "Div", "Max", "Min", "Neg", "Abs", "Sqrt", "Reciprocal", "Relu", "HardSwish",
          "HardSigmoid", "LeakyRelu", "Clip", "Pow", "Where")  # the numpy kernel's bits
 ULPS = ("Exp", "Sigmoid", "Log", "Tanh", "Erf")  # own exp; libm (refused by applies)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def context(inputs) -> KernelContext:
@@ -171,12 +163,12 @@ def test_core_times_numba_against_numpy_for_programs_it_takes():
     registry = get_registry()
     hswish = {"ops": ["Add", "HardSwish"], "args": [0, 1, -1, 2, -1, -1], "constants": np.zeros(0, np.float32)}
     found = registry.kernel_candidates("ai.minfer", "FusedElementwise", 1, "numpy", context([x, x]), hswish)
-    assert [k.plugin == NUMBA for k in found] == [True, False]
+    assert [k.fn is elementwise.fused_elementwise.fn for k in found] == [True, False]  # by record, not dist name
     assert (found[0].out, found[0].epilogue, found[0].inplace) == (found[1].out, found[1].epilogue, found[1].inplace)
     gelu = {"ops": ["Mul", "Erf", "Add", "Mul", "Mul"], "args": [0, 1, -1, 4, -1, -1, 5, 2, -1, 0, 6, -1, 7, 3, -1],
             "constants": np.asarray([0.70710677, 1.0, 0.5], np.float32)}
     found = registry.kernel_candidates("ai.minfer", "FusedElementwise", 1, "numpy", context([x]), gelu)
-    assert [k.plugin == NUMBA for k in found] == [False]
+    assert [k.fn is elementwise.fused_elementwise.fn for k in found] == [False]
 
 
 def test_split_over_two_threads_gives_the_same_bits(monkeypatch):

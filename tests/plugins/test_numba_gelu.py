@@ -9,24 +9,15 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_core import KernelContext, TensorType  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import gelu as numba_gelu  # noqa: E402
-from minfer_ops_numba import plugin  # noqa: E402
 from minfer_passes import gelu as numpy_gelu  # noqa: E402
 from minfer_passes import linear  # noqa: E402
 
-NUMBA = "minfer-ops-numba"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def _prepared(shape):

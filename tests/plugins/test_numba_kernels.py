@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import Engine, KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
+from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_core.testing.conformance import load_cases, run_case  # noqa: E402
 from minfer_ops_numba import _jit, activation, depthwise, plugin, pool, resize  # noqa: E402
@@ -24,14 +24,7 @@ NUMBA = "minfer-ops-numba"
 COVERED = ("Conv", "MaxPool", "AveragePool", "HardSigmoid", "HardSwish", "Resize")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for ks in get_registry().kernels.values() for k in ks):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def numpy_kernel(op_type: str, opset: int, domain: str = ""):

@@ -7,24 +7,16 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
-from minfer_core import KernelContext, TensorType, get_registry, use_plugins  # noqa: E402
-from minfer_ops_numba import plugin, quant  # noqa: E402
+from minfer_core import KernelContext, TensorType, get_registry  # noqa: E402
+from minfer_ops_numba import quant  # noqa: E402
 from minfer_passes.qdq_ops import quantize_dequantize as numpy_kernel  # noqa: E402
 
-NUMBA = "minfer-ops-numba"
 QDQ = ("ai.minfer", "QuantizeDequantize")
 ROUND = {"scale": 0.0401, "low": -128.0, "high": 127.0}
 POST = {"post_scale": 0.0365, "post_low": 0.0, "post_high": 255.0}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def numba_plugin():
-    """The plugin registered whether or not it is installed (a run with MINFER_PLUGINS leaving it out)."""
-    if any(k.plugin == NUMBA for k in get_registry().kernels.get(QDQ, [])):
-        yield
-        return
-    with use_plugins(plugin):
-        yield
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
 def _ctx(*shapes):
