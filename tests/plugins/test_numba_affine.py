@@ -74,3 +74,18 @@ def test_the_core_times_it_against_numpy():
                                              {"activation": "Relu"})
     assert len(found) == 2 and found[0].fn is numba_affine.channel_affine.fn  # by record: in-code plugins have no dist name
     assert {(k.out, k.inplace, k.views, k.epilogue) for k in found} == {(True, (0,), False, False)}
+
+
+def test_constant_scale_and_bias_laid_out_at_build_give_the_same_bits():
+    """S and B given as the node's constants are laid out once at build; other arrays at run time: same results."""
+    shape = (2, 6, 5, 5)
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal(shape).astype(np.float32)
+    s, b = rng.standard_normal(6).astype(np.float32), rng.standard_normal(6).astype(np.float32)
+    t = TensorType(np.float32, shape)
+    ctx = KernelContext("ca", "ChannelAffine", 1, (t, None, None), (t,), (None, s, b), 1)
+    run = numba_affine.channel_affine.prepared(ctx, {"activation": "Relu"})
+    want = numpy_affine.channel_affine.prepared(_ctx(shape), {"activation": "Relu"})(x, s, b)
+    np.testing.assert_array_equal(run(x, s, b), want)
+    np.testing.assert_array_equal(run(x, s * 2, b), numpy_affine.channel_affine.prepared(
+        _ctx(shape), {"activation": "Relu"})(x, s * 2, b))

@@ -84,3 +84,5 @@ def test_a_profiled_session_records_only_its_own_runs(tmp_path):
     events = json.loads(open(sess.end_profiling()).read())
     events = events["traceEvents"] if isinstance(events, dict) else events
     assert sum(e.get("name") == "model_run" for e in events) == 1
+    # each node once: the build's warm-up run recorded none (model_run is the session's; nodes are the executor's)
+    assert sum(e.get("cat") == "Node" for e in events) == len(sess.graph.nodes) > 0

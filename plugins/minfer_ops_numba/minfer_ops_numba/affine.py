@@ -25,6 +25,22 @@ ROWS_PER_PART = 64
 
 
 @jit
+def _value(v, sc, bc, scaled, act, p0, p1):  # pragma: no cover - compiled
+    """act(v * sc + bc) (v + bc when not scaled), in the numpy kernel's order: the product rounded, then the sum."""
+    if scaled:
+        v = v * sc
+    v = v + bc
+    if act == 1:
+        v = v if (v >= 0 or v != v) else np.float32(0)
+    elif act == 2:
+        v = v if (v >= p0 or v != v) else p0
+        v = v if (v <= p1 or v != v) else p1
+    elif act == 3:
+        v = v * p0 if v < 0 else v
+    return v
+
+
+@jit
 def _affine(x, y, s, b, channels, inner, act, p0, p1, r0, r1):  # pragma: no cover - compiled
     """Rows r0..r1 (a row: one channel of one image, ``inner`` values) of y = act(x * s + b); s empty: x + b."""
     scaled = s.size > 0
@@ -34,18 +50,7 @@ def _affine(x, y, s, b, channels, inner, act, p0, p1, r0, r1):  # pragma: no cov
         bc = b[uintp(ch)]
         base = r * inner
         for j in range(inner):
-            v = x[uintp(base + j)]
-            if scaled:
-                v = v * sc
-            v = v + bc
-            if act == 1:
-                v = v if (v >= 0 or v != v) else np.float32(0)
-            elif act == 2:
-                v = v if (v >= p0 or v != v) else p0
-                v = v if (v <= p1 or v != v) else p1
-            elif act == 3:
-                v = v * p0 if v < 0 else v
-            y[uintp(base + j)] = v
+            y[uintp(base + j)] = _value(x[uintp(base + j)], sc, bc, scaled, act, p0, p1)
 
 
 @jit
@@ -58,18 +63,13 @@ def _affine_in_place(y, s, b, channels, inner, act, p0, p1, r0, r1):  # pragma: 
         bc = b[uintp(ch)]
         base = r * inner
         for j in range(inner):
-            v = y[uintp(base + j)]
-            if scaled:
-                v = v * sc
-            v = v + bc
-            if act == 1:
-                v = v if (v >= 0 or v != v) else np.float32(0)
-            elif act == 2:
-                v = v if (v >= p0 or v != v) else p0
-                v = v if (v <= p1 or v != v) else p1
-            elif act == 3:
-                v = v * p0 if v < 0 else v
-            y[uintp(base + j)] = v
+            y[uintp(base + j)] = _value(y[uintp(base + j)], sc, bc, scaled, act, p0, p1)
+
+
+def _vectors(s: np.ndarray | None, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """S (empty when absent) and B as the compiled loops take them: flat, float32, read-only."""
+    sv = np.zeros(0, np.float32) if s is None else np.ascontiguousarray(s, dtype=np.float32).reshape(-1)
+    return readonly(sv), readonly(np.ascontiguousarray(b, dtype=np.float32).reshape(-1))
 
 
 def _params(activation: str, params: list[float]) -> tuple[np.float32, np.float32]:
@@ -96,8 +96,9 @@ def channel_affine(ctx, *, activation="", activation_params=None):
     """ai.minfer::ChannelAffine-1 (float32): act(X * S + B) per channel (axis 1) in one compiled pass."""
     act = ACTS[activation or ""]
     p0, p1 = _params(activation or "", [float(v) for v in (activation_params or [])])
-    empty = np.zeros(0, np.float32)
     one = np.zeros(1, np.float32)
+    s_const, b_const = (ctx.constants[i] if len(ctx.constants) > i else None for i in (1, 2))
+    built = _vectors(s_const, b_const) if b_const is not None else None  # the node's constants, laid out once
     _affine(readonly(one), one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)  # compile at build
     _affine_in_place(one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)
 
@@ -109,8 +110,7 @@ def channel_affine(ctx, *, activation="", activation_params=None):
         y = np.empty(x.shape, np.float32) if out is None else out
         if x.size == 0:
             return y
-        sv = empty if s is None else readonly(np.ascontiguousarray(s, dtype=np.float32).reshape(-1))
-        bv = readonly(np.ascontiguousarray(b, dtype=np.float32).reshape(-1))
+        sv, bv = built if built is not None and s is s_const and b is b_const else _vectors(s, b)
         rows, inner = x.shape[0] * channels, x.size // (x.shape[0] * channels)
         dst = y.reshape(-1)
         overlap = np.may_share_memory(x, y)
