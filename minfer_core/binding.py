@@ -20,7 +20,7 @@ from .plan import Step, StepSpec
 from .plugins import Registry, provider_hint
 from .runloop import StepFailure
 from .tensor import MapType, OptionalType, SequenceType, TensorType
-from .tuning import node_kernels, prepare
+from .tuning import node_kernels, prepare, store
 
 
 @attrs.define
@@ -90,6 +90,7 @@ def bind(graph: Graph, registry: Registry, provider: str, build: dict[str, Any] 
 
     ``build``: the Engine options a control-flow kernel builds its subgraphs with (`subgraph_engine`).
     """
+    store()  # the stored tuning choices, read now rather than in a first run (a few ms: the file grows with shapes)
     order = graph.topological_order()
     found = [node_kernels(registry, KernelContext.of(n, graph), n.attrs, n.domain, provider) for n in order]
     missing = [n for n, f in zip(order, found) if f is None]

@@ -56,14 +56,16 @@ def infer_types(graph: Graph, registry: Registry, *, strict: bool = False) -> di
 
 
 def infer_runtime(
-    graph: Graph, registry: Registry, order: Sequence[Node], inputs: Mapping[str, TensorType]
+    graph: Graph, registry: Registry, order: Sequence[Node], inputs: Mapping[str, TensorType],
+    protos: dict[int, onnx.NodeProto] | None = None,
 ) -> tuple[dict[str, TensorType], dict[str, str]]:
     """Types of every value when the graph inputs have the concrete types ``inputs``.
 
     Only nodes downstream of an input whose type differs from its build-time
     type are re-inferred through the op schemas; the rest keep their
     build-time types. Returns (types, {node label: reason} for failures);
-    a value whose type could not be inferred is absent.
+    a value whose type could not be inferred is absent. ``protos``: the nodes
+    exported for onnx, kept by the caller between calls (the nodes of ``order`` must not change meanwhile).
     """
     types: dict[str, TensorType] = {}
     changed = {n for n, t in inputs.items() if graph.types.get(n) != t}
@@ -77,7 +79,7 @@ def infer_runtime(
     failures: dict[str, str] = {}
     for node in order:
         if any(n in changed for n in node.inputs if n):
-            _reinfer(graph, node, registry, known, type_of, types, failures)
+            _reinfer(graph, node, registry, known, type_of, types, failures, protos)
             changed.update(o for o in node.outputs if o)
         else:
             types.update((o, graph.types[o]) for o in node.outputs if o and o in graph.types)
@@ -93,9 +95,10 @@ def _reinfer(
     type_of: Callable[[str], TensorType | None],
     types: dict[str, TensorType],
     failures: dict[str, str],
+    protos: dict[int, onnx.NodeProto] | None,
 ) -> None:
     try:
-        out = _infer_node(graph, node, registry, known, type_of)
+        out = _infer_node(graph, node, registry, known, type_of, protos)
     except Exception as exc:  # advisory: the value is then allocated by its kernel at run time
         failures[node.label] = f"{type(exc).__name__}: {exc}"
         return
@@ -105,12 +108,10 @@ def _reinfer(
 
 
 def _merge(declared: TensorType | None, inferred: TensorType) -> TensorType:
-    if not isinstance(declared, TensorType) or not isinstance(inferred, TensorType):
+    if not isinstance(declared, TensorType) or not isinstance(inferred, TensorType) or declared.shape is None:
         return inferred
-    if declared is None or declared.shape is None or inferred.shape is None:
-        return inferred if declared is None or declared.shape is None else declared
-    if len(declared.shape) != len(inferred.shape):
-        return inferred
+    if inferred.shape is None or len(declared.shape) != len(inferred.shape):
+        return declared if inferred.shape is None else inferred
     dims = tuple(i if isinstance(i, int) else (d if d is not None else i) for d, i in zip(declared.shape, inferred.shape))
     return TensorType(inferred.dtype, dims)
 
@@ -121,6 +122,7 @@ def _infer_node(
     registry: Registry,
     known: dict[str, np.ndarray],
     type_of: Callable[[str], TensorType | None],
+    protos: dict[int, onnx.NodeProto] | None = None,
 ) -> list[TensorType | None]:
     in_types = [type_of(n) if n else None for n in node.inputs]
     opdef = registry.op_def(node.domain, node.op_type)
@@ -130,10 +132,14 @@ def _infer_node(
     if opset is None or not onnx.defs.has(node.op_type, node.domain):
         return [None] * len(node.outputs)
     schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
-    proto = _export_node(node, graph.opsets)
+    protos = {} if protos is None else protos
+    proto = protos.get(id(node))
+    if proto is None:  # exporting is a third of a node's inference: a new input shape re-infers the same nodes
+        proto = protos[id(node)] = _export_node(node, graph.opsets)
     types = {n: type_to_proto(t) for n, t in zip(node.inputs, in_types) if n and t is not None}
     data = {n: _small_proto(known[n], n) for n in node.inputs if n in known and known[n].size <= 1024}
-    out = onnx.shape_inference.infer_node_outputs(schema, proto, types, data, opset_imports=_opset_ids(graph.opsets))
+    opsets = _opset_ids(tuple(sorted(graph.opsets.items())))
+    out = onnx.shape_inference.infer_node_outputs(schema, proto, types, data, opset_imports=opsets)
     return [type_from_proto(out[n]) if n in out else None for n in node.outputs]
 
 
@@ -151,12 +157,8 @@ def _small_proto(value: np.ndarray, name: str) -> onnx.TensorProto:
     return hit[1]
 
 
-def _opset_ids(opsets: dict[str, int]) -> list[onnx.OperatorSetIdProto]:
-    return _opset_ids_of(tuple(sorted(opsets.items())))
-
-
 @functools.lru_cache(maxsize=64)
-def _opset_ids_of(opsets: tuple[tuple[str, int], ...]) -> list[onnx.OperatorSetIdProto]:
+def _opset_ids(opsets: tuple[tuple[str, int], ...]) -> list[onnx.OperatorSetIdProto]:
     return [helper.make_opsetid(d, v) for d, v in opsets]
 
 

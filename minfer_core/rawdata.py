@@ -162,14 +162,10 @@ def _varint(src: BinaryIO) -> int:
 
 def _encode(value: int) -> bytes:
     out = bytearray()
-    while True:
-        byte = value & 0x7F
+    while value > 0x7F:
+        out.append(value & 0x7F | 0x80)
         value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return bytes(out) + bytes([value])
 
 
 def _exactly(src: BinaryIO, n: int) -> bytes:

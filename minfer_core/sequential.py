@@ -55,6 +55,7 @@ class PlanCache:
         self.lock = threading.Lock()
         self.last: Signature | None = None
         self.inference_failures: dict[str, str] = {}
+        self.protos: dict[int, Any] = {}  # the step nodes as onnx's inference takes them, exported once
 
     def shape_types(self, sig: Signature) -> dict[str, TensorType]:
         """Value types for an input-shape signature, from the op schemas; cached per signature."""
@@ -62,7 +63,7 @@ class PlanCache:
         if types is None:
             p = self.program
             inputs = {n: dt if shape is None else TensorType(dt, shape) for n, (shape, dt) in zip(p.graph.inputs, sig)}
-            types, self.inference_failures = infer_runtime(p.graph, p.registry, p.step_nodes, inputs)
+            types, self.inference_failures = infer_runtime(p.graph, p.registry, p.step_nodes, inputs, self.protos)
             self.types[sig] = types
         return types
 

@@ -126,3 +126,15 @@ def test_minfer_tune_refuses_when_tuning_is_off(monkeypatch, tmp_path, capsys):
     path.write_bytes(_dynamic_conv_model().SerializeToString())
     assert main(["tune", str(path)]) == 2
     assert "MINFER_TUNE=0" in capsys.readouterr().err
+
+
+def test_the_stored_choices_are_read_at_build_not_in_a_first_run(cache, monkeypatch):
+    """Building an engine reads the machine's choice file, so a first run of a new shape does not."""
+    from minfer_core import Engine
+
+    tuning.store().put("op|shape|a,b", "b")  # another process's choice on disk
+    monkeypatch.setattr(tuning, "_STORES", {})
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [tensor("x", ["N", 4])], [tensor("y", ["N", 4])])
+    Engine(model)
+    (store,) = tuning._STORES.values()
+    assert store.data == {"op|shape|a,b": "b"}

@@ -127,6 +127,20 @@ def test_only_nodes_downstream_of_changed_inputs_are_reinferred(monkeypatch):
     assert inferred == ["a"]
 
 
+
+def test_new_shapes_export_each_node_for_inference_once(monkeypatch):
+    """Runtime inference of a new shape reuses the nodes exported for the previous one, with the same results."""
+    model, shapes = attention_like_model(), [(1, 5, 16), (3, 7, 16), (2, 4, 16)]
+    fresh = [InferenceSession(model).run(None, {"x": _x(s, i)})[0] for i, s in enumerate(shapes)]
+    sess = InferenceSession(model)
+    exported = []
+    real = infer_mod._export_node
+    monkeypatch.setattr(infer_mod, "_export_node", lambda n, o: exported.append(id(n)) or real(n, o))
+    for i, (shape, want) in enumerate(zip(shapes, fresh)):
+        np.testing.assert_allclose(sess.run(None, {"x": _x(shape, i)})[0], want, rtol=1e-5, atol=1e-6)
+    assert exported and len(exported) == len(set(exported))
+
+
 def test_a_feed_contradicting_a_static_dim_names_it():
     """A feed whose size differs from a static dim is a BadFeedError naming the input and the dim."""
     sess = InferenceSession(conv_model())
