@@ -48,7 +48,9 @@ Span = tuple[int, int, np.dtype]  # (offset of the payload in the source, its le
 def split_model(src: BinaryIO) -> tuple[bytes, list[Span | None]]:
     """The model with large raw_data payloads of top-level initializers left out, and per initializer
     (in order) where its payload is in ``src``, or None when it stayed in the message."""
-    size = _size(src)
+    here = src.tell()
+    size = src.seek(0, io.SEEK_END)
+    src.seek(here)
     out = bytearray()
     spans: list[Span | None] = []
     graphs = 0
@@ -173,13 +175,6 @@ def _exactly(src: BinaryIO, n: int) -> bytes:
     if len(data) != n:
         raise WireFormatError("the data ends inside a field")
     return data
-
-
-def _size(src: BinaryIO) -> int:
-    here = src.tell()
-    size = src.seek(0, io.SEEK_END)
-    src.seek(here)
-    return size
 
 
 # ---- regular files of bounded size ---------------------------------------------

@@ -259,11 +259,8 @@ class InferenceSession(Engine):
     def get_modelmeta(self) -> ModelMetadata:
         """The model's producer, graph name, domain, doc string, version and metadata_props."""
         meta = self.graph.meta
-        return ModelMetadata(
-            producer_name=meta.get("producer_name", ""), graph_name=self.graph.name, domain=meta.get("domain", ""),
-            description=meta.get("doc_string", ""), version=int(meta.get("model_version", 0)),
-            custom_metadata_map=dict(meta.get("metadata_props", {})),
-            graph_description=meta.get("graph_doc_string", ""))
+        return ModelMetadata(meta.get("producer_name", ""), self.graph.name, meta.get("domain", ""), meta.get("doc_string", ""),
+                             int(meta.get("model_version", 0)), dict(meta.get("metadata_props", {})), meta.get("graph_doc_string", ""))
 
     def get_profiling_start_time_ns(self) -> int:
         """When profiling started (``time.time_ns()``), or 0 when it is off."""

@@ -145,7 +145,7 @@ def test_kernels_from_two_plugins_are_timed_and_the_faster_kept(monkeypatch, tmp
     with use_plugins(provider("base", 3), provider("fast", 3.0001, priority=10, claim=False)):
         got = [InferenceSession(custom_model()).run(None, {"x": x})[0][0] for _ in range(2)]
     assert got == [np.float32(factor[faster])] * 2
-    assert any(tmp_path.glob("tuning-*.json"))  # the choice persisted for later processes
+    assert any(tmp_path.glob("tuning-*.jsonl"))  # the choice persisted for later processes
 
 
 def test_in_code_plugin_lasts_only_for_the_block():

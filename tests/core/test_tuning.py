@@ -38,7 +38,7 @@ def test_the_fastest_is_chosen_and_stored_for_a_later_process(cache):
     time_one, ran = fake_times([3.0, 1.0, 2.0])
     assert tuning.choose("op|shape", ["a", "b", "c"], time_one) == 1
     assert sorted(set(ran)) == [0, 1, 2]
-    stored = json.loads(next(cache.glob("tuning-*.json")).read_text())
+    stored = tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl")))
     assert stored == {"op|shape|a,b,c": "b"}
     script = ("from minfer_core import tuning\n"
               "print(tuning.choose('op|shape', ['a', 'b', 'c'], lambda i: 1 / 0))")  # timing would raise
@@ -78,17 +78,19 @@ def test_tuning_off_takes_the_first(monkeypatch, cache):
     monkeypatch.setenv("MINFER_TUNE", "0")
     time_one, ran = fake_times([2.0, 1.0])
     assert tuning.choose("off", ["a", "b"], time_one) == 0 and ran == []
-    assert not list(cache.glob("tuning-*.json"))
+    assert not list(cache.glob("tuning-*.jsonl"))
 
 
 def test_writes_merge_with_what_another_process_stored(cache):
-    """Two stores of one file (two processes) keep each other's choices."""
+    """Two stores of one file (two processes) keep each other's choices; a line cut short is skipped."""
     tuning.choose("first", ["a", "b"], fake_times([1.0, 2.0])[0])
-    path = next(cache.glob("tuning-*.json"))
-    data = json.loads(path.read_text())
-    path.write_text(json.dumps({**data, "other|a,b": "a"}))  # as another process would
+    path = next(cache.glob("tuning-*.jsonl"))
+    tuning.ChoiceStore(path).put("other|a,b", "a")  # another process's store
+    with path.open("a") as fh:  # and one that died mid-write
+        fh.write('\n["torn|a,b", "')
     tuning.choose("second", ["a", "b"], fake_times([2.0, 1.0])[0])
-    assert set(json.loads(path.read_text())) == {"first|a,b", "other|a,b", "second|a,b"}
+    assert tuning.ChoiceStore._read(path) == {"first|a,b": "a", "other|a,b": "a", "second|a,b": "b"}
+    assert len([ln for ln in path.read_text().splitlines() if ln]) == 4  # appended: no rewrite per choice
 
 
 def test_an_unwritable_cache_warns_and_the_choice_holds(cache):
@@ -115,7 +117,7 @@ def test_minfer_tune_runs_every_combination_and_stores(cache, tmp_path, capsys):
     assert main(["tune", str(path), "--dim", "N=1,2"]) == 0
     out = capsys.readouterr().out
     assert "tuned N=1" in out and "tuned N=2" in out and str(cache) in out
-    stored = json.loads(next(cache.glob("tuning-*.json")).read_text())
+    stored = tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl")))
     assert any(k.startswith("conv|") and "x=(1, 64, 20, 20)" in k for k in stored)  # the first size's conv choice
 
 
