@@ -31,7 +31,9 @@ from .plugins import _pref_key
 TUNE_ENV = "MINFER_TUNE"
 # set by the executor around runs of a planned shape: timing happens in a shape's first run, never later
 STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
-ROUNDS = 2  # each candidate runs this many times, round by round, and keeps its best time
+# each candidate runs up to ROUNDS times, round by round, and keeps its best time; one that took over CLEAR_LOSS
+# times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node)
+ROUNDS, CLEAR_LOSS = 2, 2.0
 
 
 def enabled() -> bool:
@@ -111,7 +113,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> 
         return 0
     best = [float("inf")] * len(names)
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
-        for i in range(len(names))[:: 1 - 2 * (r % 2)]:
+        for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best)][:: 1 - 2 * (r % 2)]:
             best[i] = min(best[i], time_one(i))
     win = best.index(min(best))
     store().put(full, names[win])

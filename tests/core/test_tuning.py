@@ -49,9 +49,16 @@ def test_the_fastest_is_chosen_and_stored_for_a_later_process(cache):
 def test_rounds_alternate_the_order_of_the_candidates(cache):
     """Every other round times the candidates backwards, so none always runs right after the same one
     (a kernel timed after a heavy one meets caches it evicted)."""
-    time_one, ran = fake_times([3.0, 1.0, 2.0])
+    time_one, ran = fake_times([1.5, 1.0, 1.2])
     tuning.choose("op|order", ["a", "b", "c"], time_one)
     assert ran == [0, 1, 2, 2, 1, 0][: 3 * tuning.ROUNDS]
+
+
+def test_a_clear_loser_of_the_first_round_is_not_timed_again(cache):
+    """A candidate over CLEAR_LOSS times the best in the first round sits out the later rounds."""
+    time_one, ran = fake_times([1.0, 1.0 * tuning.CLEAR_LOSS + 0.1, 1.5])
+    assert tuning.choose("op|loser", ["a", "b", "c"], time_one) == 0
+    assert ran == [0, 1, 2, 2, 0][: 3 + 2 * (tuning.ROUNDS - 1)]
 
 
 def test_other_candidates_make_another_key():
