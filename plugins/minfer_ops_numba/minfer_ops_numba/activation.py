@@ -1,13 +1,32 @@
-"""HardSigmoid and HardSwish (float32): one compiled pass instead of numpy's three or four.
+"""Relu, Clip, LeakyRelu, HardSigmoid and HardSwish (float32): one compiled pass instead of numpy's one to four.
 
-The formulas are the numpy kernels', in float32 and in the same order
-(``alpha * x + beta``, clipped to [0, 1], NaN kept; HardSwish multiplies x
-by that with alpha 1/6 and beta 1/2), so the results are the same bits.
+The formulas are the numpy kernels', in float32 and in the same order, so
+the results are the same bits:
 
-Not here, because compiled code does not pay for them: Softmax and Gelu-20
-spend their time in exp and erf, which numba calls one element at a time
-(libm; no vector math library ships with it), while numpy's float32 exp is
-vectorized: a compiled Softmax over 4096 rows of 128 floats took 1.9 ms
+- Clip is numpy's ``maximum(x, min)`` then ``minimum(., max)``, as
+  minfer-ops-basic computes it: NaN stays NaN, and on a tie numpy's
+  maximum and minimum return their second operand (so Clip(-0.0, 0, 6) and
+  Relu(-0.0) are +0.0); Relu is Clip(0, inf), whose min changes no bit;
+- LeakyRelu is ``alpha * x`` where x < 0, else x: the bits of numpy's
+  ``maximum(x, alpha * x)`` (``minimum`` for alpha > 1) when alpha > 0.
+  For alpha <= 0 the two differ (alpha 0 at +inf: numpy's 0 * inf is NaN;
+  a negative alpha at +-0.0: the sign of the zero), so `applies` leaves
+  those to numpy;
+- HardSigmoid is ``alpha * x + beta`` clipped to [0, 1], NaN kept; HardSwish
+  multiplies x by it with alpha 1/6 and beta 1/2.
+
+Each is also the activation of minfer-passes' FusedConv/FusedGemm/FusedMatMul,
+which calls the registered in-place kernel of the op on each output tile
+(``run(tile, out=tile)``): a small in-place call is one compiled call,
+without the block machinery. The run callables say ``strided = True``: they
+also write in place a tile that is not C-contiguous (a pointwise conv's
+row tile of some output channels) when it is rows of contiguous elements,
+so the epilogue calls them on those tiles too.
+
+Not here, because compiled code does not pay for them: Sigmoid, Softmax and
+Gelu-20 spend their time in exp and erf, which numba calls one element at a
+time (libm; no vector math library ships with it), while numpy's float32 exp
+is vectorized: a compiled Softmax over 4096 rows of 128 floats took 1.9 ms
 against 0.18 ms for np.exp alone (README.md).
 """
 
@@ -19,59 +38,95 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for
 
-from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from ._jit import PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 
 # elements per parallel_for range: a few hundred microseconds of work, so that a split pays for its hand-over
 BLOCK = 1 << 16
 SPLIT_ELEMENTS = 1 << 20  # from this size (~150 us of work) the blocks go over the intra-op threads
+F32_MAX = 3.4028234663852886e38  # Clip-6's default bounds, as minfer-ops-basic's
+
+# what `_value` computes (its ``op``); a and b are its two parameters
+CLIP, LEAKY_RELU, HARD_SIGMOID, HARD_SWISH = 0, 1, 2, 3
 
 
 @jit
-def _hard_sigmoid(x, y, alpha, beta, swish, lo, hi):  # pragma: no cover - compiled
-    """y = clip(alpha * x + beta, 0, 1) (times x when ``swish``) over flat elements lo..hi; NaN stays NaN."""
+def _value(v, op, a, b):  # pragma: no cover - compiled
+    """One element of the activation ``op`` with parameters a, b (see the module docstring for each formula)."""
+    if op == CLIP:  # numpy's maximum(v, a), then minimum(t, b): NaN from either side, the second on a tie
+        t = v if (v > a or v != v) else a
+        return t if (t < b or t != t) else b
+    if op == LEAKY_RELU:
+        return v * a if v < 0 else v
+    t = a * v + b
+    t = np.float32(0) if t < 0 else t
+    t = np.float32(1) if t > 1 else t
+    return v * t if op == HARD_SWISH else t
+
+
+@jit
+def _into(x, y, op, a, b, lo, hi):  # pragma: no cover - compiled
+    """y = op(x) over flat elements lo..hi."""
     for i in range(lo, hi):
-        v = x[uintp(i)]
-        t = alpha * v + beta
-        t = np.float32(0) if t < 0 else t
-        t = np.float32(1) if t > 1 else t
-        y[uintp(i)] = v * t if swish else t
+        y[uintp(i)] = _value(x[uintp(i)], op, a, b)
 
 
 @jit
-def _in_place(y, alpha, beta, swish):  # pragma: no cover - compiled
-    """`_hard_sigmoid` with y as its input and output (flat)."""
-    for i in range(y.size):
-        v = y[uintp(i)]
-        t = alpha * v + beta
-        t = np.float32(0) if t < 0 else t
-        t = np.float32(1) if t > 1 else t
-        y[uintp(i)] = v * t if swish else t
+def _in_place(y, op, a, b):  # pragma: no cover - compiled
+    """y = op(y) for a 2-D y whose rows are contiguous (any row stride): the loop vectorizes then."""
+    for r in range(y.shape[0]):
+        row = y[uintp(r)]
+        if row.strides[0] == 4:  # known contiguous in this branch: a vector loop
+            for i in range(row.size):
+                row[uintp(i)] = _value(row[uintp(i)], op, a, b)
+        else:
+            for i in range(row.size):
+                row[uintp(i)] = _value(row[uintp(i)], op, a, b)
 
 
-def _elementwise(alpha: float, beta: float, swish: bool) -> Any:
-    """The run callable: whole tensor in blocks of BLOCK, over the threads from SPLIT_ELEMENTS on."""
-    a, b = np.float32(alpha), np.float32(beta)
-    _hard_sigmoid(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), a, b, swish, 0, 1)  # compile at build
-    _in_place(np.zeros(1, np.float32), a, b, swish)
+def _rows(x: np.ndarray) -> np.ndarray | None:
+    """x as a 2-D view (rows, run) whose rows are contiguous, or None when its layout is not one."""
+    shape, strides, run, k = x.shape, x.strides, 1, x.ndim
+    while k and (shape[k - 1] == 1 or strides[k - 1] == run * 4):
+        run *= shape[k - 1]
+        k -= 1
+    outer = [d for d in range(k) if shape[d] != 1]
+    if any(strides[d] != strides[e] * shape[e] for d, e in zip(outer, outer[1:])):
+        return None  # the outer axes do not merge into one row stride
+    return x.reshape(-1, run)  # a view: the axes merge (checked above)
 
-    def run(x, *, out=None):
-        if out is x and x.size < SPLIT_ELEMENTS and x.flags.c_contiguous:
+
+def _elementwise(op: int, a: float, b: float) -> Any:
+    """The run callable: in place on a tile in one call; else the whole tensor in blocks of BLOCK, over the
+    threads from SPLIT_ELEMENTS on."""
+    a32, b32 = np.float32(a), np.float32(b)
+    _into(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), op, a32, b32, 0, 1)  # compile at build
+    _in_place(np.zeros((1, 1), np.float32), op, a32, b32)
+    _in_place(np.zeros((2, 2), np.float32)[:, :1], op, a32, b32)  # the strided tiles' version
+
+    def run(x, *bounds, out=None):  # Clip-11's min and max inputs are constants, taken at build: unused here
+        if out is x and x.size < SPLIT_ELEMENTS:
             # in place and not worth splitting (a fused op's activation on its output tile): one compiled call,
             # without the block machinery's Python, which cost as much as the pass on a squeeze-excite gate
-            _in_place(x.reshape(-1), a, b, swish)
-            return x
-        y = out if out is not None else np.empty(x.shape, np.float32)
+            rows = x.reshape(1, -1) if x.flags.c_contiguous else _rows(x)
+            if rows is not None:
+                _in_place(rows, op, a32, b32)
+                return x
+        y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, np.float32)
         src, dst = readonly(np.ascontiguousarray(x)).reshape(-1), y.reshape(-1)
         n = src.size
         blocks = -(-n // BLOCK)
         parts = None if n >= SPLIT_ELEMENTS and intra_op_threads() > 1 else 1
 
         def span(lo: int, hi: int) -> None:
-            _hard_sigmoid(src, dst, a, b, swish, lo * BLOCK, min(n, hi * BLOCK))
+            _into(src, dst, op, a32, b32, lo * BLOCK, min(n, hi * BLOCK))
 
         parallel_for(blocks, span, parts=parts)
+        if out is not None and y is not out:
+            np.copyto(out, y)
+            return out
         return y
 
+    run.strided = True  # type: ignore[attr-defined]  # writes a tile with contiguous rows in place (see above)
     return run
 
 
@@ -80,16 +135,63 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return is_float32(ctx)
 
 
+def _bound(ctx: Any, index: int) -> float | None:
+    """Clip-11's bound ``index`` (1: min, 2: max) as a float: None when it is given but not a float32 constant."""
+    t = input_type(ctx, index)
+    if t is None:
+        return np.inf if index == 2 else -np.inf  # absent: no bound, which max and min against +-inf leave so
+    value = ctx.constants[index] if index < len(ctx.constants) else None
+    if value is None or t.dtype != np.float32 or np.size(value) != 1:
+        return None
+    return float(np.asarray(value).reshape(()))
+
+
+def _applies_clip(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """float32 input, each bound absent or a float32 constant."""
+    return is_float32(ctx) and _bound(ctx, 1) is not None and _bound(ctx, 2) is not None
+
+
+def _applies_leaky(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """float32 input, alpha > 0 (where x if x >= 0 else alpha * x is numpy's max(x, alpha * x) bit for bit)."""
+    return is_float32(ctx) and float(attrs.get("alpha", 0.01)) > 0
+
+
 # inplace: each element is read before it is written
+@kernel("Relu", since=6, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False, applies=_applies)
+def relu(ctx):
+    """Relu-6: max(x, 0)."""
+    return _elementwise(CLIP, 0.0, np.inf)
+
+
+@kernel("Clip", since=11, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False,
+        applies=_applies_clip)
+def clip(ctx):
+    """Clip-11: min(max(x, min), max), the bounds constant inputs (absent: no bound)."""
+    return _elementwise(CLIP, _bound(ctx, 1), _bound(ctx, 2))
+
+
+@kernel("Clip", since=6, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False, applies=_applies)
+def clip_6(ctx, *, max=F32_MAX, min=-F32_MAX):  # noqa: A002 - ONNX attribute names
+    """Clip-6: min(max(x, min), max), the bounds attributes defaulting to the float32 range."""
+    return _elementwise(CLIP, min, max)
+
+
+@kernel("LeakyRelu", since=6, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False,
+        applies=_applies_leaky)
+def leaky_relu(ctx, *, alpha=0.01):
+    """LeakyRelu-6: x if x >= 0 else alpha * x."""
+    return _elementwise(LEAKY_RELU, alpha, 0.0)
+
+
 @kernel("HardSigmoid", since=6, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False,
         applies=_applies)
 def hard_sigmoid(ctx, *, alpha=0.2, beta=0.5):
     """HardSigmoid-6: max(0, min(1, alpha * x + beta))."""
-    return _elementwise(alpha, beta, swish=False)
+    return _elementwise(HARD_SIGMOID, alpha, beta)
 
 
 @kernel("HardSwish", since=14, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False,
         applies=_applies)
 def hard_swish(ctx):
     """HardSwish-14: x * max(0, min(1, x / 6 + 1 / 2))."""
-    return _elementwise(1 / 6, 0.5, swish=True)
+    return _elementwise(HARD_SWISH, 1 / 6, 0.5)

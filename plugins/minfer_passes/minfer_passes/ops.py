@@ -70,9 +70,22 @@ def _leaky_relu(y: np.ndarray, p: list[float]) -> None:
     np.multiply(y, y.dtype.type(alpha), out=y, where=y < 0)
 
 
+def _clip_ufunc() -> Any:
+    """numpy's clip ufunc, which np.clip calls after ~1 us of Python (_methods._clip): the same loop, the same
+    bits, at a cost that counts on a MobileNet's ~100 small tiles a run. np.clip itself where it is not found."""
+    core = getattr(np, "_core", None) or getattr(np, "core", None)  # numpy 2's private name; numpy 1's
+    found = getattr(getattr(core, "umath", None), "clip", None)
+    return found if isinstance(found, np.ufunc) else np.clip
+
+
+CLIP = _clip_ufunc()
+
+
 def _clip(y: np.ndarray, p: list[float]) -> None:
+    # np.clip's loop: NaN kept; on a tie x is kept (Clip(-0.0, 0, 6) is -0.0 here, +0.0 from minfer-ops-basic's
+    # maximum-then-minimum kernel and minfer-ops-numba's, which numpy's maximum makes return its second operand)
     lo, hi = (p + [-np.inf, np.inf])[:2] if p else (-np.inf, np.inf)
-    np.clip(y, y.dtype.type(lo), y.dtype.type(hi), out=y)
+    CLIP(y, y.dtype.type(lo), y.dtype.type(hi), out=y)
 
 
 def _sigmoid(y: np.ndarray, p: list[float]) -> None:
@@ -87,12 +100,12 @@ def _hard_sigmoid(y: np.ndarray, p: list[float]) -> None:
     alpha, beta = (p + [0.2, 0.5][len(p):])[:2]
     y *= y.dtype.type(alpha)
     y += y.dtype.type(beta)
-    np.clip(y, 0, 1, out=y)
+    CLIP(y, 0, 1, out=y)
 
 
 def _hard_swish(y: np.ndarray, p: list[float]) -> None:
     gate = y * y.dtype.type(1 / 6) + y.dtype.type(0.5)
-    np.clip(gate, 0, 1, out=gate)
+    CLIP(gate, 0, 1, out=gate)
     y *= gate
 
 
@@ -105,7 +118,7 @@ def _quantize_dequantize(y: np.ndarray, p: list[float]) -> None:
     s = y.dtype.type(p[0])
     np.divide(y, s, out=y)  # QuantizeLinear divides (a multiply by 1/scale rounds some values apart)
     np.rint(y, out=y)
-    np.clip(y, p[1], p[2], out=y)
+    CLIP(y, p[1], p[2], out=y)
     np.multiply(y, s, out=y)
 
 
@@ -170,29 +183,38 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
 
 # activations (with the ONNX names of their activation_params) whose registered kernel the epilogue calls, in
 # place, on each tile that is C-contiguous, when the kernel writes in place (declares ``out`` and ``inplace``
-# of its input, as the engine calls those: on one C-contiguous buffer): a plugin's one-pass kernel
-# (minfer-ops-numba's) then replaces the numpy passes above, which on the small tiles of MobileNetV3 and
-# PP-LCNet cost more in calls than in work
-REGISTERED = {"HardSigmoid": ("alpha", "beta"), "HardSwish": ()}
+# of its input, as the engine calls those: on one C-contiguous buffer) and outranks the standard kernels
+# (priority above 0): a plugin's one-pass kernel (minfer-ops-numba's) then replaces the numpy passes above,
+# which on the small tiles of MobileNets and PP-LCNet cost more in calls than in work. (minfer-ops-basic's own
+# in-place Relu, Clip and LeakyRelu go through their whole-tensor machinery: dearer per tile than these.)
+REGISTERED = {"Relu": (), "LeakyRelu": ("alpha",), "Clip": ("min", "max"), "HardSigmoid": ("alpha", "beta"),
+              "HardSwish": ()}
+# activations whose params are the op's constant inputs after x, not attributes (Clip from opset 11: min, max)
+AS_INPUTS = {"Clip"}
 
 
 def _activation(ctx: Any, activation: str, params: list[float]) -> Callable[[np.ndarray, list[float]], None]:
-    """A fused op's activation: the registered in-place kernel of the op on C-contiguous tiles, else numpy's."""
+    """A fused op's activation: the registered in-place kernel of the op on C-contiguous tiles (and on strided
+    ones when its run callable says ``strided``: it writes a view in place), else numpy's."""
     numpy_act = ACTIVATIONS[activation]
     names = REGISTERED.get(activation)
     out_type = ctx.output_types[0] if names is not None and ctx.output_types else None
     if out_type is None:
         return numpy_act
-    attrs = dict(zip(names, params))
-    act_ctx = KernelContext(ctx.node_name, activation, NEWEST, (out_type,), (out_type,), (None,), 1)
+    attrs, inputs = dict(zip(names, params)), ()
+    if activation in AS_INPUTS:  # 0-d constants of the output's dtype, as an exporter writes them
+        attrs, inputs = {}, tuple(np.asarray(v, dtype=out_type.dtype) for v in params)
+    types = (out_type, *(TensorType(out_type.dtype, ()) for _ in inputs))
+    act_ctx = KernelContext(ctx.node_name, activation, NEWEST, types, (out_type,), (None, *inputs), 1)
     kern = get_registry().select_kernel("", activation, NEWEST, "numpy", act_ctx, attrs)
-    if kern is None or not kern.out or 0 not in kern.inplace:
+    if kern is None or kern.priority <= 0 or not kern.out or 0 not in kern.inplace:
         return numpy_act
     fn = kern.prepared(act_ctx, attrs)
+    strided = getattr(fn, "strided", False) is True
 
     def act(y: np.ndarray, p: list[float]) -> None:
-        if y.flags.c_contiguous:
-            fn(y, out=y)
+        if strided or y.flags.c_contiguous:
+            fn(y, *inputs, out=y)
         else:
             numpy_act(y, p)
 
