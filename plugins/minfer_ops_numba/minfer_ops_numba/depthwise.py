@@ -11,7 +11,8 @@ by tap in L1, reading the input in place. The output is cut into (image,
 channel block) units small enough that a unit's input and output stay in
 L2 until the fused op's epilogue (residual, activation) has run on it; the
 units go over the intra-op threads (`parallel_for`), and since the loops
-release the GIL both cores compute.
+release the GIL both cores compute. Both kernels sum the taps in
+onnxruntime's order (loops.py): they give its MLAS Conv's bits.
 """
 
 from __future__ import annotations

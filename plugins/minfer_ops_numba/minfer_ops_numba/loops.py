@@ -6,13 +6,27 @@ tap order; taps falling in the padding are skipped through the loop
 bounds, so the input is read in place (no padded copy); so does the
 depthwise conv's `weighted_rows`. Its `wide_rows` (stride 1) and
 phases.py's `phase_rows` copy each channel into zero-bordered planes
-instead, so that every tap is one contiguous run over the plane: the same
-(ky, kx) order, each tap rounded on its own, so all three give the same bits.
-Indices are made unsigned (``uintp``): numba then drops its negative-index
-check, which otherwise keeps the loops from vectorizing.
+instead, so that every tap is one contiguous run over the plane.
 
-The loops are spelt out in each function rather than shared through calls:
-a call per row costs more than the row itself at 28x28.
+The depthwise loops sum in onnxruntime's order, so that a model quantized
+per tensor, where one float32 ulp can move a value to the next integer
+step, gets onnxruntime's integers. Its CPU Conv (MLAS; the node's kernel at
+ORT_DISABLE_ALL and ORT_ENABLE_BASIC) expands the taps into a matrix that
+its one-row matrix kernel multiplies by the weights: it takes the taps in
+(ky, kx) order in runs of four, adds a run's products left to right, then
+adds the run's sum to the total; the taps left over go as a run of two,
+then of one; the bias comes last. Every product and sum rounds on its own
+(no fused multiply-add). A tap in the padding adds nothing, as its zero
+product leaves onnxruntime's sum (up to the sign of a zero result). The
+three loops give the same bits. (ORT_ENABLE_ALL's NCHWc kernel, which takes
+such nodes when their channels are a multiple of its block, 16 with
+AVX-512, instead chains fused multiply-adds from zero in (ky, kx) order and
+adds the bias last.)
+
+Indices are made unsigned (``uintp``): numba then drops its negative-index
+check, which otherwise keeps the loops from vectorizing. The loops are
+spelt out in each function rather than shared through calls: a call per
+row costs more than the row itself at 28x28.
 """
 
 from __future__ import annotations
@@ -35,52 +49,89 @@ def bounds(k, d, p, s, size, out):  # pragma: no cover - compiled
 
 
 @jit
+def run_taps(kh, kw, dh, sh, ph, height, width, offs, oh):  # pragma: no cover - compiled
+    """Per output row and run of taps (the module docstring), the taps that read an input row: how many, and
+    each one's flat index, column and offset in the channel's plane. The same for every channel: found once."""
+    taps = kh * kw
+    runs = taps // 4 + (taps % 4) // 2 + taps % 2
+    count = np.zeros((oh, runs), np.int64)
+    index, column, offset = np.empty((oh, runs, 4), np.int64), np.empty((oh, runs, 4), np.int64), \
+        np.empty((oh, runs, 4), np.int64)
+    for oy in range(oh):
+        t0, r = 0, 0
+        while t0 < taps:
+            n = 4 if taps - t0 >= 4 else 2 if taps - t0 >= 2 else 1
+            for t in range(t0, t0 + n):
+                iy = oy * sh - ph + (t // kw) * dh
+                if 0 <= iy < height:
+                    m = count[oy, r]
+                    index[oy, r, m], column[oy, r, m], offset[oy, r, m] = t, t % kw, iy * width + offs[t % kw]
+                    count[oy, r] = m + 1
+            t0, r = t0 + n, r + 1
+    return count, index, column, offset
+
+
+@jit
 def weighted_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cover - compiled
-    """y[c] = bias[c] + sum of w[c, ky, kx] * x[c] shifted, for planes c0..c1 of x (C, H, W) into y (C, OH, OW)."""
+    """y[c] = sum of w[c, ky, kx] * x[c] shifted, + bias[c], for planes c0..c1 of x (C, H, W) into y (C, OH, OW),
+    summed in runs of four taps (the module docstring): each output row is a total in L1 taking a run a pass."""
     height, width = x.shape[1], x.shape[2]
     kh, kw = w.shape[1], w.shape[2]
     oh, ow = y.shape[1], y.shape[2]
     los, his, offs = bounds(kw, dw, pw, sw, width, ow)
-    lo, hi = los.max(), max(los.max(), his.min())  # the interior
+    lo, hi = los.max(), max(los.max(), his.min())  # the interior: outputs every tap of a row reads input for
+    left, right = min(lo, ow), min(hi, ow)  # the edges: [0, left) and [right, ow)
+    count, index, column, offset = run_taps(kh, kw, dh, sh, ph, height, width, offs, oh)
+    zero = np.zeros(1, x.dtype)[0]
     xf, yf = x.reshape(-1), y.reshape(-1)
     for c in range(c0, c1):
-        b = bias[c]
+        wc, base, b = w[c].reshape(-1), c * height * width, bias[c]
         for oy in range(oh):
             yb = (c * oh + oy) * ow
-            for ox in range(ow):
-                yf[uintp(yb + ox)] = b
-            for ky in range(kh):
-                iy = oy * sh - ph + ky * dh
-                if iy < 0 or iy >= height:
+            # the edges, one output at a time: each run's sum starts at zero, so a tap in the padding adds
+            # nothing (as its zero product does in onnxruntime's sum)
+            for i in range(left + ow - right):
+                ox = i if i < left else right + i - left
+                total = zero
+                for r in range(count.shape[1]):
+                    part = zero
+                    for k in range(count[oy, r]):
+                        kx = column[oy, r, k]
+                        if los[kx] <= ox < his[kx]:
+                            part += wc[index[oy, r, k]] * xf[uintp(base + offset[oy, r, k] + ox * sw)]
+                    total = part + total
+                yf[uintp(yb + ox)] = total + b
+            # the interior, a run a pass
+            for ox in range(lo, hi):
+                yf[uintp(yb + ox)] = 0.0
+            for r in range(count.shape[1]):
+                m = count[oy, r]
+                if m == 0:
                     continue
-                xb = (c * height + iy) * width
-                for kx in range(kw):  # the edges, tap by tap
-                    wv, o = w[c, ky, kx], xb + offs[kx]
-                    for ox in range(los[kx], lo):
-                        yf[uintp(yb + ox)] += wv * xf[uintp(o + ox * sw)]
-                    for ox in range(hi, his[kx]):
-                        yf[uintp(yb + ox)] += wv * xf[uintp(o + ox * sw)]
-                for k0 in range(0, kw, 3):  # the interior, three taps a pass
-                    n = min(3, kw - k0)
-                    w0, o0 = w[c, ky, k0], xb + offs[k0]
-                    if n == 3:
-                        w1, w2, o1, o2 = w[c, ky, k0 + 1], w[c, ky, k0 + 2], xb + offs[k0 + 1], xb + offs[k0 + 2]
-                        for ox in range(lo, hi):
-                            v = yf[uintp(yb + ox)]
-                            v += w0 * xf[uintp(o0 + ox * sw)]
-                            v += w1 * xf[uintp(o1 + ox * sw)]
-                            v += w2 * xf[uintp(o2 + ox * sw)]
-                            yf[uintp(yb + ox)] = v
-                    elif n == 2:
-                        w1, o1 = w[c, ky, k0 + 1], xb + offs[k0 + 1]
-                        for ox in range(lo, hi):
-                            v = yf[uintp(yb + ox)]
-                            v += w0 * xf[uintp(o0 + ox * sw)]
-                            v += w1 * xf[uintp(o1 + ox * sw)]
-                            yf[uintp(yb + ox)] = v
-                    else:
-                        for ox in range(lo, hi):
-                            yf[uintp(yb + ox)] += w0 * xf[uintp(o0 + ox * sw)]
+                w0, o0 = wc[index[oy, r, 0]], base + offset[oy, r, 0]
+                if m == 1:
+                    for ox in range(lo, hi):
+                        yf[uintp(yb + ox)] = w0 * xf[uintp(o0 + ox * sw)] + yf[uintp(yb + ox)]
+                    continue
+                w1, o1 = wc[index[oy, r, 1]], base + offset[oy, r, 1]
+                if m == 2:
+                    for ox in range(lo, hi):
+                        v = w0 * xf[uintp(o0 + ox * sw)] + w1 * xf[uintp(o1 + ox * sw)]
+                        yf[uintp(yb + ox)] = v + yf[uintp(yb + ox)]
+                    continue
+                w2, o2 = wc[index[oy, r, 2]], base + offset[oy, r, 2]
+                if m == 3:
+                    for ox in range(lo, hi):
+                        v = w0 * xf[uintp(o0 + ox * sw)] + w1 * xf[uintp(o1 + ox * sw)]
+                        yf[uintp(yb + ox)] = (v + w2 * xf[uintp(o2 + ox * sw)]) + yf[uintp(yb + ox)]
+                    continue
+                w3, o3 = wc[index[oy, r, 3]], base + offset[oy, r, 3]
+                for ox in range(lo, hi):
+                    v = w0 * xf[uintp(o0 + ox * sw)] + w1 * xf[uintp(o1 + ox * sw)]
+                    v += w2 * xf[uintp(o2 + ox * sw)]
+                    yf[uintp(yb + ox)] = (v + w3 * xf[uintp(o3 + ox * sw)]) + yf[uintp(yb + ox)]
+            for ox in range(lo, hi):
+                yf[uintp(yb + ox)] += b
 
 
 @jit
@@ -197,17 +248,50 @@ def wide_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cove
     plane, acc = np.zeros(size, x.dtype), np.empty(runs, x.dtype)
     xf, yf = x.reshape(-1), y.reshape(-1)
     for c in range(c0, c1):
+        wc = w[c].reshape(-1)
         for iy in range(height):  # the interior; the borders stay zero
             for ix in range(width):
                 plane[uintp((iy + ph) * wp + ix + pw)] = xf[uintp((c * height + iy) * width + ix)]
         b = bias[c]
+        if kh == 3 and kw == 3:  # runs of 4, 4, 1 taps in one pass, the total in a register
+            r1, r2 = dh * wp, 2 * dh * wp
+            o0, o1, o2, o3, o4, o5, o6, o7, o8 = 0, dw, 2 * dw, r1, r1 + dw, r1 + 2 * dw, r2, r2 + dw, r2 + 2 * dw
+            w0, w1, w2, w3, w4, w5, w6, w7, w8 = wc[0], wc[1], wc[2], wc[3], wc[4], wc[5], wc[6], wc[7], wc[8]
+            for j in range(runs):
+                s = w0 * plane[uintp(o0 + j * sw)] + w1 * plane[uintp(o1 + j * sw)]
+                s += w2 * plane[uintp(o2 + j * sw)]
+                s += w3 * plane[uintp(o3 + j * sw)]
+                t = w4 * plane[uintp(o4 + j * sw)] + w5 * plane[uintp(o5 + j * sw)]
+                t += w6 * plane[uintp(o6 + j * sw)]
+                t += w7 * plane[uintp(o7 + j * sw)]
+                acc[uintp(j)] = (w8 * plane[uintp(o8 + j * sw)] + (t + s)) + b
+            for oy in range(oh):
+                for ox in range(ow):
+                    yf[uintp((c * oh + oy) * ow + ox)] = acc[uintp(oy * wp + ox)]
+            continue
         for j in range(runs):
-            acc[uintp(j)] = b
-        for ky in range(kh):
-            for kx in range(kw):
-                wv, o = w[c, ky, kx], ky * dh * wp + kx * dw
+            acc[uintp(j)] = 0.0
+        t0 = 0
+        while t0 < kh * kw:  # one run of taps a pass
+            rest = kh * kw - t0
+            n = 4 if rest >= 4 else 2 if rest >= 2 else 1
+            w0, o0 = wc[t0], (t0 // kw) * dh * wp + (t0 % kw) * dw
+            if n == 1:
                 for j in range(runs):
-                    acc[uintp(j)] += wv * plane[uintp(o + j * sw)]
+                    acc[uintp(j)] = w0 * plane[uintp(o0 + j * sw)] + acc[uintp(j)]
+            elif n == 2:
+                w1, o1 = wc[t0 + 1], ((t0 + 1) // kw) * dh * wp + ((t0 + 1) % kw) * dw
+                for j in range(runs):
+                    acc[uintp(j)] = (w0 * plane[uintp(o0 + j * sw)] + w1 * plane[uintp(o1 + j * sw)]) + acc[uintp(j)]
+            else:
+                w1, o1 = wc[t0 + 1], ((t0 + 1) // kw) * dh * wp + ((t0 + 1) % kw) * dw
+                w2, o2 = wc[t0 + 2], ((t0 + 2) // kw) * dh * wp + ((t0 + 2) % kw) * dw
+                w3, o3 = wc[t0 + 3], ((t0 + 3) // kw) * dh * wp + ((t0 + 3) % kw) * dw
+                for j in range(runs):
+                    v = w0 * plane[uintp(o0 + j * sw)] + w1 * plane[uintp(o1 + j * sw)]
+                    v += w2 * plane[uintp(o2 + j * sw)]
+                    acc[uintp(j)] = (v + w3 * plane[uintp(o3 + j * sw)]) + acc[uintp(j)]
+            t0 += n
         for oy in range(oh):
             for ox in range(ow):
-                yf[uintp((c * oh + oy) * ow + ox)] = acc[uintp(oy * wp + ox)]
+                yf[uintp((c * oh + oy) * ow + ox)] = acc[uintp(oy * wp + ox)] + b

@@ -1,10 +1,11 @@
 """The depthwise conv's compiled phase-plane loop (`phase_rows`): copy each channel into zero-bordered phase
 planes, then sum its taps over contiguous runs.
 
-Taps go in (ky, kx) order from the bias, each product and each sum rounded on its own, as in the numpy
-kernel and loops.py's row loops: the three give the same bits. The 3x3 and 5x5 kernels (nearly every
-depthwise layer of MobileNets, PP-LCNet, EfficientNets) take all their taps in one pass over a run, the
-partial sum held in a register; other kernels take three taps a pass, the partial sum going through
+The taps are summed in onnxruntime's order (loops.py's docstring): in (ky, kx) order, in runs of four taps
+whose products are added left to right, each run's sum then added to the total, the bias last; every
+product and sum rounded on its own, so loops.py's row loops give the same bits. The 3x3 and 5x5 kernels
+(nearly every depthwise layer of MobileNets, PP-LCNet, EfficientNets) take all their taps in one pass over
+a run, the total held in a register; other kernels take one run of taps a pass, the total going through
 memory between passes. Indices are made unsigned (``uintp``): numba then drops its negative-index check,
 which otherwise keeps the loops from vectorizing.
 """
@@ -20,7 +21,8 @@ VECTOR = 8  # float32 lanes of the vectors the loops compile to (a constant to n
 
 @jit
 def phase_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cover - compiled
-    """y[c] = bias[c] + sum of w[c, ky, kx] * x[c] shifted, for planes c0..c1 of x (C, H, W) into y (C, OH, OW).
+    """y[c] = sum of w[c, ky, kx] * x[c] shifted, + bias[c], for planes c0..c1 of x (C, H, W) into y (C, OH, OW),
+    summed in runs of four taps (the module docstring).
 
     Each channel is copied into sh * sw zero-bordered phase planes (row i, column j of the padded input goes
     to plane (i % sh, j % sw) at (i // sh, j // sw)), all Wq wide: a tap then reads one plane at a fixed
@@ -52,21 +54,19 @@ def phase_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cov
         fill(xf, q, c * height * width, srcs, dsts, counts, m, sw)
         wc = w[c].reshape(-1)
         bc = bias[c]
-        if kh == 3 and kw == 3:
+        if kh == 3 and kw == 3:  # runs of 4, 4, 1 taps
             o0, o1, o2, o3, o4, o5, o6, o7, o8 = offs[0], offs[1], offs[2], offs[3], offs[4], offs[5], offs[6], \
                 offs[7], offs[8]
             w0, w1, w2, w3, w4, w5, w6, w7, w8 = wc[0], wc[1], wc[2], wc[3], wc[4], wc[5], wc[6], wc[7], wc[8]
             for j in range(runs):
-                v = bc + w0 * q[uintp(o0 + j)]
-                v += w1 * q[uintp(o1 + j)]
-                v += w2 * q[uintp(o2 + j)]
-                v += w3 * q[uintp(o3 + j)]
-                v += w4 * q[uintp(o4 + j)]
-                v += w5 * q[uintp(o5 + j)]
-                v += w6 * q[uintp(o6 + j)]
-                v += w7 * q[uintp(o7 + j)]
-                acc[uintp(j)] = v + w8 * q[uintp(o8 + j)]
-        elif kh == 5 and kw == 5:
+                s = w0 * q[uintp(o0 + j)] + w1 * q[uintp(o1 + j)]
+                s += w2 * q[uintp(o2 + j)]
+                s += w3 * q[uintp(o3 + j)]
+                t = w4 * q[uintp(o4 + j)] + w5 * q[uintp(o5 + j)]
+                t += w6 * q[uintp(o6 + j)]
+                t += w7 * q[uintp(o7 + j)]
+                acc[uintp(j)] = (w8 * q[uintp(o8 + j)] + (t + s)) + bc
+        elif kh == 5 and kw == 5:  # runs of 4 (six) and 1
             o0, o1, o2, o3, o4, o5, o6, o7, o8 = offs[0], offs[1], offs[2], offs[3], offs[4], offs[5], offs[6], \
                 offs[7], offs[8]
             o9, o10, o11, o12, o13, o14, o15, o16 = offs[9], offs[10], offs[11], offs[12], offs[13], offs[14], \
@@ -77,39 +77,49 @@ def phase_rows(x, w, bias, y, c0, c1, sh, sw, ph, pw, dh, dw):  # pragma: no cov
             w9, w10, w11, w12, w13, w14, w15, w16 = wc[9], wc[10], wc[11], wc[12], wc[13], wc[14], wc[15], wc[16]
             w17, w18, w19, w20, w21, w22, w23, w24 = wc[17], wc[18], wc[19], wc[20], wc[21], wc[22], wc[23], wc[24]
             for j in range(runs):
-                v = bc + w0 * q[uintp(o0 + j)]
-                v += w1 * q[uintp(o1 + j)]; v += w2 * q[uintp(o2 + j)]; v += w3 * q[uintp(o3 + j)]  # noqa: E702
-                v += w4 * q[uintp(o4 + j)]; v += w5 * q[uintp(o5 + j)]; v += w6 * q[uintp(o6 + j)]  # noqa: E702
-                v += w7 * q[uintp(o7 + j)]; v += w8 * q[uintp(o8 + j)]; v += w9 * q[uintp(o9 + j)]  # noqa: E702
-                v += w10 * q[uintp(o10 + j)]; v += w11 * q[uintp(o11 + j)]; v += w12 * q[uintp(o12 + j)]  # noqa: E702
-                v += w13 * q[uintp(o13 + j)]; v += w14 * q[uintp(o14 + j)]; v += w15 * q[uintp(o15 + j)]  # noqa: E702
-                v += w16 * q[uintp(o16 + j)]; v += w17 * q[uintp(o17 + j)]; v += w18 * q[uintp(o18 + j)]  # noqa: E702
-                v += w19 * q[uintp(o19 + j)]; v += w20 * q[uintp(o20 + j)]; v += w21 * q[uintp(o21 + j)]  # noqa: E702
-                v += w22 * q[uintp(o22 + j)]; v += w23 * q[uintp(o23 + j)]  # noqa: E702
-                acc[uintp(j)] = v + w24 * q[uintp(o24 + j)]
-        else:  # three taps a pass (spelt out here: as a call, its loops ran 20% slower on 7x7 kernels)
+                a = w0 * q[uintp(o0 + j)] + w1 * q[uintp(o1 + j)]
+                a += w2 * q[uintp(o2 + j)]; a += w3 * q[uintp(o3 + j)]  # noqa: E702
+                s = w4 * q[uintp(o4 + j)] + w5 * q[uintp(o5 + j)]
+                s += w6 * q[uintp(o6 + j)]; s += w7 * q[uintp(o7 + j)]  # noqa: E702
+                a = s + a
+                s = w8 * q[uintp(o8 + j)] + w9 * q[uintp(o9 + j)]
+                s += w10 * q[uintp(o10 + j)]; s += w11 * q[uintp(o11 + j)]  # noqa: E702
+                a = s + a
+                s = w12 * q[uintp(o12 + j)] + w13 * q[uintp(o13 + j)]
+                s += w14 * q[uintp(o14 + j)]; s += w15 * q[uintp(o15 + j)]  # noqa: E702
+                a = s + a
+                s = w16 * q[uintp(o16 + j)] + w17 * q[uintp(o17 + j)]
+                s += w18 * q[uintp(o18 + j)]; s += w19 * q[uintp(o19 + j)]  # noqa: E702
+                a = s + a
+                s = w20 * q[uintp(o20 + j)] + w21 * q[uintp(o21 + j)]
+                s += w22 * q[uintp(o22 + j)]; s += w23 * q[uintp(o23 + j)]  # noqa: E702
+                acc[uintp(j)] = (w24 * q[uintp(o24 + j)] + (s + a)) + bc
+        else:  # one run a pass, the total going through memory between passes (spelt out here: as a call, its
+            # loops ran 20% slower on 7x7 kernels)
             for j in range(runs):
-                acc[uintp(j)] = bc
-            for t0 in range(0, kh * kw, 3):
-                n = min(3, kh * kw - t0)
+                acc[uintp(j)] = 0.0
+            t0 = 0
+            while t0 < kh * kw:
+                rest = kh * kw - t0
+                n = 4 if rest >= 4 else 2 if rest >= 2 else 1
                 w0, o0 = wc[t0], offs[t0]
                 if n == 1:
                     for j in range(runs):
-                        acc[uintp(j)] += w0 * q[uintp(o0 + j)]
-                    continue
-                w1, o1 = wc[t0 + 1], offs[t0 + 1]
-                if n == 2:
+                        acc[uintp(j)] = w0 * q[uintp(o0 + j)] + acc[uintp(j)]
+                elif n == 2:
+                    w1, o1 = wc[t0 + 1], offs[t0 + 1]
                     for j in range(runs):
-                        v = acc[uintp(j)]
-                        v += w0 * q[uintp(o0 + j)]
-                        acc[uintp(j)] = v + w1 * q[uintp(o1 + j)]
-                    continue
-                w2, o2 = wc[t0 + 2], offs[t0 + 2]
-                for j in range(runs):
-                    v = acc[uintp(j)]
-                    v += w0 * q[uintp(o0 + j)]
-                    v += w1 * q[uintp(o1 + j)]
-                    acc[uintp(j)] = v + w2 * q[uintp(o2 + j)]
+                        acc[uintp(j)] = (w0 * q[uintp(o0 + j)] + w1 * q[uintp(o1 + j)]) + acc[uintp(j)]
+                else:
+                    w1, w2, w3 = wc[t0 + 1], wc[t0 + 2], wc[t0 + 3]
+                    o1, o2, o3 = offs[t0 + 1], offs[t0 + 2], offs[t0 + 3]
+                    for j in range(runs):
+                        s = w0 * q[uintp(o0 + j)] + w1 * q[uintp(o1 + j)]
+                        s += w2 * q[uintp(o2 + j)]
+                        acc[uintp(j)] = (s + w3 * q[uintp(o3 + j)]) + acc[uintp(j)]
+                t0 += n
+            for j in range(runs):
+                acc[uintp(j)] += bc
         for oy in range(oh):
             for ox in range(ow):
                 yf[uintp((c * oh + oy) * ow + ox)] = acc[uintp(oy * wq + ox)]
