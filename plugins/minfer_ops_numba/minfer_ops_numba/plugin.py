@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from minfer_core import hookimpl, kernels_in
 
-from . import activation, affine, depthwise, dynamic_quant, elementwise, gelu, pool, quant, resize
+from . import activation, affine, depthwise, dynamic_quant, elementwise, gelu, pool, quant, resize, rows
 
 # a new module of kernels joins this tuple (and its ops, if it declares any, a register_ops hook)
-MODULES = (depthwise, pool, activation, resize, quant, elementwise, gelu, affine, dynamic_quant)
+MODULES = (depthwise, pool, activation, resize, quant, elementwise, gelu, affine, dynamic_quant, rows)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 

@@ -19,7 +19,9 @@ Exact: the kernel multiplies (or divides) as the scalar node did, writes
 ``fill`` where M holds with integer bit masks (the same bits as Where, inf
 and nan included, in two passes over the scores against a mask of
 (batch, 1, 1, keys): numpy's Where broadcasting such a mask is ~3x slower
-than a pass), then runs the registered Softmax kernel in place.
+than a pass), then runs the registered Softmax kernel: in place when it
+declares so, else from a scratch copy (several Softmax kernels are timed
+against each other on the same arguments).
 ``--portable`` lowers it back to the scalar op, Where and Softmax.
 """
 
@@ -31,7 +33,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from minfer_core import Graph, KernelContext, Node, get_registry, kernel, op, prepare_node
+from minfer_core import Graph, KernelContext, Node, get_registry, kernel, op, prepare_node, scratch
 
 from ._util import MINFER_DOMAIN, add_const, const, dtype_of, fresh, has_kernel, is_op, shape_of
 from .ops import _from_proto, _type_proto
@@ -158,20 +160,29 @@ def _softmax(ctx: Any) -> Any:
 
 @kernel(OP, domain=MINFER_DOMAIN, prepare=True, out=True, views=False)
 def masked_softmax(ctx, *, op="", scalar=None, fill=None):
-    """ai.minfer::MaskedSoftmax-1: Softmax(Where(M, fill, X op scalar)) over the last axis, in place."""
+    """ai.minfer::MaskedSoftmax-1: Softmax(Where(M, fill, X op scalar)) over the last axis."""
     inner, softmax = _softmax(ctx)
     binary = BINARY.get(op)
+    # a Softmax that did not declare itself in place (a timed choice between kernels runs each candidate on the
+    # same arguments: in place, the second would see the first's result) reads the masked scores from scratch
+    in_place = not inner.out or 0 in inner.inplace
+    value = None if scalar is None else np.asarray(scalar)
+    shapes: dict[tuple[tuple[int, ...], tuple[int, ...] | None], tuple[int, ...]] = {}
 
     def run(x, cond=None, *, out=None):
-        shape = x.shape if cond is None else np.broadcast_shapes(x.shape, cond.shape)
+        key = (x.shape, None if cond is None else cond.shape)
+        shape = shapes.get(key)
+        if shape is None:
+            shape = shapes[key] = x.shape if cond is None else np.broadcast_shapes(x.shape, cond.shape)
         y = out if out is not None and out.shape == shape else np.empty(shape, x.dtype)
+        t = y if in_place else scratch("minfer_passes-masked_softmax", shape, x.dtype)
         if binary is not None:
-            binary(x, np.asarray(scalar, x.dtype), out=y)
+            binary(x, value if value.dtype == x.dtype else value.astype(x.dtype), out=t)
         else:
-            np.copyto(y, x)
+            np.copyto(t, x)
         if cond is not None:
-            _fill(y, cond, np.asarray(fill, x.dtype))
-        result = softmax(y, out=y) if inner.out else softmax(y)
+            _fill(t, cond, np.asarray(fill, x.dtype))
+        result = softmax(t, out=y) if inner.out else softmax(t)
         if out is not None and result is not out:
             np.copyto(out, result)
             return out
