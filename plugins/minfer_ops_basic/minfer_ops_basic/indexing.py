@@ -37,7 +37,31 @@ def _bounds(start: int, end: int, step: int, dim: int) -> slice:
     return slice(start, None if end < 0 else end, step)
 
 
+_INDEXES: dict = {}  # (shape, starts, ends, axes, steps as bytes) -> the index tuple, for every Slice of the process
+_MAX_INDEXES = 1024  # a process meeting more than this (dynamic shapes or bounds) starts the table afresh
+
+
+def _key(v) -> object:
+    """A hashable stand-in for a bounds argument (an int64 array as its bytes: one C call)."""
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray):
+        return v.dtype.char, v.tobytes()
+    return tuple(_ints(v))
+
+
 def _slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
+    """data[index] for ONNX bounds, the index worked out once per shape and bounds (~3 us of Python a call)."""
+    key = (data.shape, _key(starts), _key(ends), _key(axes), _key(steps))
+    index = _INDEXES.get(key)
+    if index is None:
+        if len(_INDEXES) >= _MAX_INDEXES:
+            _INDEXES.clear()
+        index = _INDEXES[key] = _index(data, starts, ends, axes, steps)
+    return data[index]  # a strided view: no copy
+
+
+def _index(data: np.ndarray, starts, ends, axes=None, steps=None) -> tuple[slice, ...]:
     starts, ends = _ints(starts), _ints(ends)
     axes = list(range(len(starts))) if axes is None else [_axis(a, data.ndim) for a in _ints(axes)]
     steps = [1] * len(starts) if steps is None else _ints(steps)
@@ -46,7 +70,7 @@ def _slice(data: np.ndarray, starts, ends, axes=None, steps=None) -> np.ndarray:
     index = [slice(None)] * data.ndim
     for s, e, a, st in zip(starts, ends, axes, steps):
         index[a] = _bounds(s, e, st, data.shape[a])
-    return data[tuple(index)]  # a strided view: no copy
+    return tuple(index)
 
 
 @kernel("Slice", since=1, views=True)

@@ -9,12 +9,25 @@ from minfer_core import kernel
 _MODES = ("constant", "reflect", "edge", "wrap")
 
 
-def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> np.ndarray:
-    """Pad (or crop, for negative pads) data; pads = [begins..., ends...] over axes."""
-    if mode not in _MODES:
-        raise ValueError(f"Pad mode {mode!r} is not one of {sorted(_MODES)}")
+_GEOMETRY: dict = {}  # (shape, pads, axes) -> `_geometry`, for every Pad of the process
+_MAX_GEOMETRY = 512  # a process meeting more than this (dynamic shapes or pads) starts the table afresh
+
+
+def _key(v) -> object:
+    """A hashable stand-in for pads or axes (an int64 array as its bytes: one C call)."""
+    if v is None or not isinstance(v, np.ndarray):
+        return None if v is None else tuple(int(i) for i in np.asarray(v).reshape(-1))
+    return v.dtype.char, v.tobytes()
+
+
+Geometry = tuple[tuple[slice, ...], list[tuple[int, int]], tuple[slice, ...]]
+
+
+def _geometry(shape: tuple[int, ...], pads, axes) -> Geometry:
+    """(the crop of negative pads, each axis's (begin, end) growth, the interior of the output), for pads =
+    [begins..., ends...] over axes."""
     pads = [int(p) for p in np.asarray(pads).reshape(-1)]
-    rank = data.ndim
+    rank = len(shape)
     axes = list(range(rank)) if axes is None else [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
     if len(pads) != 2 * len(axes):
         raise ValueError(f"Pad needs 2 pads per axis: {len(pads)} pads for axes {axes}")
@@ -22,9 +35,25 @@ def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> 
     for i, axis in enumerate(axes):
         width[axis] = [pads[i], pads[len(axes) + i]]
     # Negative pads crop first, then the positive ones pad what is left (onnxruntime's order).
-    crop = tuple(slice(max(-b, 0), data.shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width))
-    cropped = data[crop]
+    crop = tuple(slice(max(-b, 0), shape[a] - max(-e, 0)) for a, (b, e) in enumerate(width))
     grow = [(max(b, 0), max(e, 0)) for b, e in width]
+    cropped = [len(range(*c.indices(n))) for c, n in zip(crop, shape)]
+    inner = tuple(slice(b, b + n) for (b, _), n in zip(grow, cropped))
+    return crop, grow, inner
+
+
+def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> np.ndarray:
+    """Pad (or crop, for negative pads) data; pads = [begins..., ends...] over axes."""
+    if mode not in _MODES:
+        raise ValueError(f"Pad mode {mode!r} is not one of {sorted(_MODES)}")
+    key = (data.shape, _key(pads), _key(axes))
+    geometry = _GEOMETRY.get(key)
+    if geometry is None:
+        if len(_GEOMETRY) >= _MAX_GEOMETRY:
+            _GEOMETRY.clear()
+        geometry = _GEOMETRY[key] = _geometry(data.shape, pads, axes)
+    crop, grow, inner = geometry
+    cropped = data[crop]
     if out is None and not any(b or e for b, e in grow):
         return cropped  # pure crop: a view, no copy
     if mode == "constant":
@@ -33,7 +62,7 @@ def _pad(data: np.ndarray, pads, mode: str, value=None, axes=None, out=None) -> 
             return np.pad(cropped, grow, mode="constant", constant_values=fill)
         # Into the planned buffer: fill the border, copy the interior, no temporary.
         out[...] = fill
-        out[tuple(slice(b, b + n) for (b, _), n in zip(grow, cropped.shape))] = cropped
+        out[inner] = cropped
         return out
     if all(_fits(mode, n, b, e) for n, (b, e) in zip(cropped.shape, grow)):
         y = np.empty(tuple(n + b + e for n, (b, e) in zip(cropped.shape, grow)), data.dtype) if out is None else out
