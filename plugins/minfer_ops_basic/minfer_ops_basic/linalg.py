@@ -347,24 +347,36 @@ def _exact_product_f32(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_
     return acc.reshape(a.shape[:-1] + (b.shape[1],))
 
 
-@kernel("MatMulInteger", since=10, prepare=True, packed=(1, 3))
+@kernel("MatMulInteger", since=10, prepare=True, out=True, views=False, packed=(1, 3))
 def matmul_integer(ctx):
     """MatMulInteger-10: (A - a_zp) @ (B - b_zp) accumulated exactly, as int32."""
     held = _HeldB.of(ctx, 1, 3)
+    # a constant zero point is packed even when B is computed: the engine passes None for it then, so keep it here
+    zp_held = _constant(ctx, 3)
     del ctx  # packed=(1, 3): the closure must not keep the originals alive through ctx.constants
 
-    def run(a, b=None, a_zero_point=None, b_zero_point=None):
+    def run(a, b=None, a_zero_point=None, b_zero_point=None, *, out=None):
         acc = held.product(a, a_zero_point) if held is not None and b_zero_point is None else None
         if acc is None:
             if held is not None:  # B packed: the engine passes None for it (and for its zero point when constant)
-                b, b_zero_point = held.b, held.b_zp if b_zero_point is None else b_zero_point
+                b = held.b
+            b_zero_point = zp_held if b_zero_point is None else b_zero_point
             acc = np.rint(_integer_product(a, b, a_zero_point, b_zero_point))
-        return arr(acc, np.int32)  # exact integers in range
+        if out is None:
+            return arr(acc, np.int32)  # exact integers in range
+        np.copyto(out, acc, casting="unsafe")  # into the planned buffer: no fresh pages to fault in
+        return out
 
     return run
 
 
 EXACT_F32 = 2**24  # float32 holds every integer below this exactly
+
+
+def _constant(ctx: Any, index: int) -> np.ndarray | None:
+    """Input ``index`` when it is a constant, else None."""
+    consts = tuple(ctx.constants)
+    return consts[index] if index < len(consts) else None
 
 
 class _HeldB:
@@ -406,7 +418,8 @@ class _HeldB:
         np.copyto(bf, self.b, casting="unsafe")
         if self.zp:
             np.subtract(bf, self.zp, out=bf)
-        y = product_into(np.empty((am.shape[0], bf.shape[1]), np.float32), am, bf)
+        # the product in scratch too: every caller converts it into its own output at once
+        y = product_into(scratch("minfer_ops_basic-int-y", (am.shape[0], bf.shape[1]), np.float32), am, bf)
         return y.reshape(a.shape[:-1] + (bf.shape[1],))
 
 
@@ -418,32 +431,46 @@ def _integer_product(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp
     return _exact_product(_centered(a, a_zp, True), _centered(b, b_zp, False))
 
 
-@kernel("QLinearMatMul", since=10, prepare=True, packed=(3, 5))
+@kernel("QLinearMatMul", since=10, prepare=True, out=True, views=False, packed=(3, 5))
 def qlinear_matmul(ctx):
     """QLinearMatMul-10: exact integer product of the centered operands, rescaled once, rounded, saturated."""
     held = _HeldB.of(ctx, 3, 5)
+    # a constant zero point is packed even when B is computed: the engine passes None for it then, so keep it here
+    zp_held = _constant(ctx, 5)
     del ctx  # packed=(3, 5): the closure must not keep the originals alive through ctx.constants
 
-    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point):
+    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, out=None):
         acc = held.product(a, a_zero_point) if held is not None and b_zero_point is None else None
         if acc is None:
             if held is not None:  # B packed: the engine passes None for it (and for its zero point when constant)
-                b, b_zero_point = held.b, held.b_zp if b_zero_point is None else b_zero_point
+                b = held.b
+            b_zero_point = zp_held if b_zero_point is None else b_zero_point
             acc = _integer_product(a, b, a_zero_point, b_zero_point)
-        return _requantized(acc, a, a_scale, b_scale, y_scale, y_zero_point)
+        return _requantized(acc, a, a_scale, b_scale, y_scale, y_zero_point, out)
 
     return run
 
 
-def _requantized(acc: np.ndarray, a: np.ndarray, a_scale, b_scale, y_scale, y_zero_point) -> np.ndarray:
-    """QLinearMatMul's output from the exact integer product ``acc``: rescaled in float64, rounded, saturated."""
+def _requantized(acc: np.ndarray, a: np.ndarray, a_scale, b_scale, y_scale, y_zero_point,
+                 out: np.ndarray | None = None) -> np.ndarray:
+    """QLinearMatMul's output from the exact integer product ``acc``: rescaled in float64, rounded, saturated (into
+    ``out`` when given)."""
     sa = np.asarray(a_scale, dtype=np.float64)
     sa = sa.reshape(-1, 1) if sa.ndim == 1 else sa  # a 1-D a_scale is per row
-    y = acc.astype(np.float64) * (sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64))
+    factor = sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64)
+    shape = np.broadcast_shapes(acc.shape, factor.shape)
+    # in place in one float64 buffer of this thread's scratch: the same steps as whole-array expressions, without
+    # their four allocations (each of fresh pages the kernel must fault in and zero: ~1 MB for an FFN layer)
+    y = np.multiply(acc, factor, out=scratch("minfer_ops_basic-requantized", shape, np.float64), dtype=np.float64)
     target = a.dtype if y_zero_point is None else y_zero_point.dtype
     if y_zero_point is not None:
-        y = y + y_zero_point.astype(np.float64)
+        y += y_zero_point.astype(np.float64)
     info = np.iinfo(target)
-    return arr(np.clip(np.rint(y), info.min, info.max), target)
+    np.rint(y, out=y)
+    np.clip(y, info.min, info.max, out=y)
+    if out is None or out.shape != y.shape:
+        return y.astype(target)
+    np.copyto(out, y, casting="unsafe")  # integers in range: exact
+    return out
 
 

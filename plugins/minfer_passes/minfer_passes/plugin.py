@@ -15,7 +15,7 @@ from minfer_core import Pass, hookimpl
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
-from . import integer, qdq, qdq_ops
+from . import integer, lookup, qdq, qdq_ops
 from ._util import fixpoint
 
 
@@ -94,6 +94,11 @@ PASSES = [
     Pass("integer_conv_fusion", integer.integer_conv_fusion, "extended", requires=TYPED,
          after=("constant_folding",), doc=(integer.integer_conv_fusion.__doc__ or "").strip(),
          patterns="minfer_passes.integer:patterns"),
+    # last among the fusions: it takes the elementwise chains they leave between quantized layers
+    Pass("lookup_fusion", lookup.lookup_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "qdq_epilogue_fusion", "elementwise_fusion", "scalar_binary", "weighted_sum_fusion",
+                "activation_fusion", "gelu_fusion", "integer_conv_fusion"),
+         doc=(lookup.lookup_fusion.__doc__ or "").strip(), patterns="minfer_passes.lookup:patterns"),
     _pass(portable.expand_fused, "basic", role="portable"),
     # after folding (which makes a computed condition a constant), before the passes that clean up after it
     Pass("constant_if_inlining", control_flow.constant_if_inlining, "basic", after=("constant_folding",),
@@ -104,12 +109,13 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS, linear.OPS, softmax.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS, linear.OPS, softmax.OPS, lookup.OPS)
 
 
 @hookimpl
 def register_kernels(register):
-    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS, linear.KERNELS, softmax.KERNELS)
+    register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS, linear.KERNELS, softmax.KERNELS,
+             lookup.KERNELS)
 
 
 @hookimpl

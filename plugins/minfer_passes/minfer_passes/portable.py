@@ -29,6 +29,7 @@ from .affine import expand_channel_affine
 from .elementwise import expand_elementwise
 from .gelu import expand_gelu
 from .linear import expand_matmul_bias
+from .lookup import expand_lookup
 from .softmax import expand_masked_softmax
 from .ops import ARITY, BASE_OPS
 from .integer import lower_integer
@@ -93,6 +94,7 @@ EXPANDERS = {
     "FusedElementwise": expand_elementwise,
     "FusedMatMulBias": expand_matmul_bias,
     "MaskedSoftmax": expand_masked_softmax,
+    "Lookup": expand_lookup,
 }
 
 

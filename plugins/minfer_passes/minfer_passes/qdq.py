@@ -332,7 +332,10 @@ def _redundant(graph: Graph, qd: Node) -> bool:
     mover = graph.producer(qd.inputs[0])
     if mover is None or mover.domain or mover.op_type not in GRID_KEEPING or not mover.inputs:
         return False
-    grid = _grid_of(graph.producer(mover.inputs[0]))
+    source = graph.producer(mover.inputs[0])
+    while source is not None and not source.domain and source.op_type in GRID_KEEPING and source.inputs:
+        source = graph.producer(source.inputs[0])  # a chain of them (Reshape -> Transpose: splitting heads)
+    grid = _grid_of(source)
     if grid is None or grid != (qd.attrs["scale"], qd.attrs["low"], qd.attrs["high"]):
         return False
     return graph.bypass(qd)

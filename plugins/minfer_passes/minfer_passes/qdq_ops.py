@@ -147,6 +147,21 @@ def _residual(finish: Callable[[np.ndarray, tuple], None] | None, out_type: Tens
     return with_z
 
 
+def _registered_dequantize(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: int,
+                           name: str) -> Callable[..., np.ndarray] | None:
+    """``fn(wq, ws, wz, out=)``: the registered DequantizeLinear kernel for this weight when it writes into ``out``
+    (a plugin's compiled one pass, minfer-ops-numba's), else None: the numpy steps below are as fast as the numpy
+    kernel's. Either computes DequantizeLinear's float32 ``(w - zp) * scale``: the same bits."""
+    types = (TensorType(wq.dtype, wq.shape), TensorType(ws.dtype, ws.shape),
+             None if wz is None else TensorType(wz.dtype, wz.shape))
+    ctx = KernelContext(name, "DequantizeLinear", ops.NEWEST, types, (TensorType(np.dtype(np.float32), wq.shape),),
+                        (None, ws, wz), 1)
+    found = get_registry().select_kernel("", "DequantizeLinear", ops.NEWEST, "numpy", ctx, {"axis": axis})
+    if found is None or not found.out:
+        return None
+    return found.prepared(ctx, {"axis": axis})
+
+
 def _dequantizer(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: int, name: str) -> Callable[[], np.ndarray]:
     """``fn()``: DequantizeLinear(wq, ws, wz) in this thread's scratch, as DequantizeLinear rounds it (float32)."""
     scale, zero = _layout(ws, wz, wq.ndim, axis % wq.ndim)
@@ -157,7 +172,16 @@ def _dequantizer(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: in
         """Rows lo:hi of a scale or zero point that varies along axis 0, else all of it (it broadcasts)."""
         return v[lo:hi] if v is not None and v.shape[0] > 1 else v
 
+    compiled = _registered_dequantize(wq, ws, wz, axis % wq.ndim, name)
+    lengthwise = ws.size > 1 and axis % wq.ndim == 0  # a scale (and zero point) per row: sliced with the rows
+
+    def cut(v: np.ndarray | None, lo: int, hi: int) -> np.ndarray | None:
+        return v[lo:hi] if lengthwise and v is not None and v.size > 1 else v
+
     def part(wf: np.ndarray, lo: int, hi: int) -> None:
+        if compiled is not None:
+            compiled(wq[lo:hi], cut(ws, lo, hi), cut(wz, lo, hi), out=wf[lo:hi])
+            return
         # a converting copy, then float products: ~2x faster than numpy's mixed int8 * float32 loop
         np.copyto(wf[lo:hi], wq[lo:hi], casting="unsafe")
         if zero is not None:
