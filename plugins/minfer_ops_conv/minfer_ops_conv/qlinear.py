@@ -15,6 +15,7 @@ from onnx import helper
 from minfer_core import TensorType, kernel, op, same_as_input, scratch
 
 from . import _geometry as geo
+from . import requantize
 
 MS = "com.microsoft"
 
@@ -310,12 +311,14 @@ def _infer_qgemm(a: TensorType | None, *rest: TensorType | None, **attrs: Any) -
 
 
 def _infer_float_qlinear_conv(*types: TensorType | None, float_input: int = 0, float_output: int = 0,
+                              activation: str = "", activation_params: Any = None, output_quantization: Any = None,
                               **attrs: Any) -> list:
-    out = _float_infer("Conv", (0, 3), 7)(*types, **attrs)
+    out = _float_infer("Conv", (0, 3), 7)(*types[:9], **attrs)
     return [TensorType(np.float32, out[0].shape)] if float_output and out[0] is not None else out
 
 
 def _infer_scaled_conv_integer(x: TensorType | None, w: TensorType | None = None, *rest: TensorType | None,
+                               activation: str = "", activation_params: Any = None, dynamic_input: int = 0,
                                **attrs: Any) -> list:
     out = _float_infer("Conv", (0, 1), 0)(x, w, **attrs)
     return [None if out[0] is None else TensorType(np.float32, out[0].shape)]
@@ -332,7 +335,10 @@ OPS = [
     op("QLinearSoftmax", domain=MS, infer=same_as_input(0), doc="quantized Softmax (onnxruntime contrib)"),
     op("QGemm", domain=MS, infer=_infer_qgemm, doc="quantized Gemm (onnxruntime contrib)"),
     op("FloatQLinearConv", domain="ai.minfer", infer=_infer_float_qlinear_conv,
-       doc="QuantizeLinear -> QLinearConv -> DequantizeLinear in one node (either end optional, see quant.py)"),
+       doc="QuantizeLinear -> QLinearConv -> DequantizeLinear [-> ChannelAffine] in one node (either end "
+           "optional, see quant.py)"),
     op("ScaledConvInteger", domain="ai.minfer", infer=_infer_scaled_conv_integer,
-       doc="ConvInteger -> Cast to float32 -> Mul by a scalar in one node (see quant.py)"),
+       doc="[DynamicQuantizeLinear ->] ConvInteger -> Cast to float32 -> Mul by a scalar [-> ChannelAffine] in one "
+           "node (see quant.py)"),
+    *requantize.OPS,
 ]

@@ -11,7 +11,10 @@ registered Conv kernel (any plugin's: minfer-ops-numba's compiled loops), as a f
 
 minfer_passes' integer fusion makes two ai.minfer ops of the float conversions around these convs, run here:
 ``FloatQLinearConv`` (QuantizeLinear -> QLinearConv -> DequantizeLinear: x quantized while it is centered, each
-output tile dequantized in the epilogue) and ``ScaledConvInteger`` (ConvInteger -> Cast -> Mul by a scalar).
+output tile dequantized in the epilogue, then the ChannelAffine after it and the next conv's QuantizeLinear) and
+``ScaledConvInteger`` (ConvInteger -> Cast -> Mul by a scalar, then the ChannelAffine; the DynamicQuantizeLinear
+before it in its input conversion). The steps are requantize.py's: one call of ``ai.minfer::Requantize``'s
+registered kernel per tile when a plugin installs a compiled one (minfer-ops-numba), else numpy's passes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from minfer_core import KernelContext, TensorType, get_registry, kernel, paralle
 
 from . import _geometry as geo
 from . import conv as float_conv
+from . import requantize as rq
+from .requantize import requantize  # noqa: F401 (its numpy kernel registers with this module's: kernels_in)
 
 MINFER = "ai.minfer"
 # |x - x_zp| for 8-bit x and zero point
@@ -101,7 +106,8 @@ def _held(w: np.ndarray, w_zero_point: np.ndarray | None, group: int, extra: flo
     return Held(w, None if zero is None else zero.astype(dtype), dtype, group, chunks or whole)
 
 
-Rounding = Optional[tuple[np.float32, float, float]]  # (scale, low, high) of a QuantizeLinear in: `centered_input`
+# (scale, low, high, compiled) of a QuantizeLinear in (`centered_input`); compiled: Requantize's registered kernel
+Rounding = Optional[tuple[np.float32, float, float, "rq.Compiled | None"]]
 
 
 def centered_input(x: np.ndarray, x_zero_point: np.ndarray | None, dtype: np.dtype, rounding: Rounding) -> np.ndarray:
@@ -112,7 +118,9 @@ def centered_input(x: np.ndarray, x_zero_point: np.ndarray | None, dtype: np.dty
     """
     xc = scratch(f"minfer_ops_conv-int-x-{dtype.char}", x.shape, dtype)
     if rounding is not None:
-        scale, low, high = rounding
+        scale, low, high, compiled = rounding
+        if compiled is not None and dtype == np.float32:  # divide, rint and clip in one compiled pass
+            return compiled.fn(x, np.asarray([scale], np.float32), out=xc)
         q = xc if dtype == np.float32 else np.empty(x.shape, np.float32)  # the float32 division QuantizeLinear does
         np.divide(x, scale, out=q)
         np.rint(q, out=q)
@@ -145,12 +153,15 @@ class IntegerConv:
         return self.plans[key]
 
     def __call__(self, x: np.ndarray, x_zero_point: np.ndarray | None, held: Held, dtype: np.dtype,
-                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None) -> np.ndarray:
+                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None,
+                 centered: bool = False) -> np.ndarray:
         """The conv's result as ``dtype``: ``finish(y, out, region)`` turns each finished tile of the float
         accumulator ``y`` (exact integers) into ``out[region]``, possibly from several threads at once.
-        ``rounding``: x is float32, quantized on the way in (`centered_input`)."""
+        ``rounding``: x is float32, quantized on the way in (`centered_input`); ``centered``: x is float32 x - x_zp
+        already (taken as it is when it is the accumulation's type)."""
         wf = held.centered()
-        xc = centered_input(x, x_zero_point, held.dtype, rounding)
+        reuse = centered and x.dtype == held.dtype
+        xc = x if reuse else centered_input(x, x_zero_point, held.dtype, rounding)
         if len(held.chunks) > 1:
             return self._chunked(xc, wf, held, dtype, finish)
         p = float_conv.pack(wf, held.group)
@@ -216,9 +227,11 @@ class DepthwiseConv:
         return depthwise and held.dtype == np.float32
 
     def __call__(self, x: np.ndarray, x_zero_point: np.ndarray | None, dtype: np.dtype,
-                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None) -> np.ndarray:
+                 finish: Callable[[np.ndarray, np.ndarray, tuple], None], rounding: Rounding = None,
+                 centered: bool = False) -> np.ndarray:
         """As `IntegerConv.__call__`, with the held weights."""
-        xc = centered_input(x, x_zero_point, np.dtype(np.float32), rounding)
+        reuse = centered and x.dtype == np.float32
+        xc = x if reuse else centered_input(x, x_zero_point, np.dtype(np.float32), rounding)
         if not (self.inner.out and self.inner.epilogue):
             y = np.asarray(self.fn(xc, self.weights), np.float32)
             out = np.empty(y.shape, dtype)
@@ -256,40 +269,42 @@ def conv_integer(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shap
 
 
 @kernel("ScaledConvInteger", domain=MINFER, since=1, prepare=True, packed=(1, 3))
-def scaled_conv_integer(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None,
-                        strides=None):
+def scaled_conv_integer(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
+                        dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ai.minfer::ScaledConvInteger-1: Cast(ConvInteger(x, w, x_zero_point, w_zero_point), float32) * scale (one
-    float32 value), the cast and product in the conv's epilogue (minfer_passes' integer fusion)."""
-    return _conv_integer(ctx, True, _window_attrs(auto_pad, dilations, pads, strides), group)
+    float32 value), then ChannelAffine's act(y * S + B) when given S/B (inputs 5, 6) or an activation, all in the
+    conv's epilogue; with ``dynamic_input``, x is float32 and DynamicQuantizeLinear(x) = (xq, xs, xz) runs in
+    the input conversion: the conv of xq with xz, scaled by xs * scale (minfer_passes' integer fusion)."""
+    post = rq.Post(activation or "", rq.bounds(activation or "", activation_params))
+    types = tuple(ctx.input_types) + (None,) * 7
+    compiled = rq.Compiled.find(ctx.node_name, ctx.output_types[0] if ctx.output_types else None,
+                                (False, types[5] is not None, types[6] is not None), rounding=0,
+                                activation=post.activation, activation_params=list(post.clip))
+    dynamic = rq.DynamicInput(ctx.node_name, types[0]) if dynamic_input else None
+    return _conv_integer(ctx, True, _window_attrs(auto_pad, dilations, pads, strides), group, post, compiled, dynamic)
 
 
-def _conv_integer(ctx, scaled: bool, window_attrs: dict, group: int):
+def _conv_integer(ctx, scaled: bool, window_attrs: dict, group: int, post: rq.Post | None = None,
+                  compiled: rq.Compiled | None = None, dynamic: rq.DynamicInput | None = None):
     integer = IntegerConv(window_attrs)
     fixed = _build_weights(ctx, 1, 3, group)
     depthwise = _depthwise(ctx, fixed, integer.attrs, 0)
     del ctx  # packed=(1, 3): the closure must not keep the originals alive through ctx.constants
 
-    def run(x, w, x_zero_point=None, w_zero_point=None, scale=None):
-        finish, dtype = _to_int32, np.dtype(np.int32)
+    def run(x, w, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
+        finish, dtype, rounding = _to_int32, np.dtype(np.int32), None
+        if dynamic is not None:  # the scale the Mul made of DynamicQuantizeLinear's and the weight's
+            x, x_zero_point, rounding, x_scale = dynamic(x)
+            scale = np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0])
         if scaled:
-            finish, dtype = _scaled_by(np.float32(np.asarray(scale).reshape(-1)[0])), np.dtype(np.float32)
+            finish, dtype = rq.scaled_by(rq.frozen(np.asarray(scale, np.float32).reshape(-1)[:1]), x.ndim, post, s, a,
+                                       compiled), np.dtype(np.float32)
         if depthwise is not None:
-            return depthwise(x, x_zero_point, dtype, finish)
+            return depthwise(x, x_zero_point, dtype, finish, rounding)
         held = fixed if fixed is not None else _held(w, w_zero_point, group)
-        return integer(x, x_zero_point, held, dtype, finish)
+        return integer(x, x_zero_point, held, dtype, finish, rounding)
 
     return run
-
-
-def _scaled_by(scale: np.float32) -> Callable[[np.ndarray, np.ndarray, tuple], None]:
-    """The finish writing float32(y) * scale: y's exact integers rounded to float32 as an int32 -> float32 Cast
-    rounds them (to nearest even, from float64 chunks too), then the product Mul computes."""
-
-    def finish(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
-        part = y[region]
-        np.multiply(part if part.dtype == np.float32 else part.astype(np.float32), scale, out=out[region])
-
-    return finish
 
 
 def _depthwise(ctx, held: Held | None, window_attrs: dict, x_index: int) -> DepthwiseConv | None:
@@ -302,28 +317,6 @@ def _depthwise(ctx, held: Held | None, window_attrs: dict, x_index: int) -> Dept
 
 def _to_int32(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
     np.copyto(out[region], y[region], casting="unsafe")  # exact integers
-
-
-def _requantize_into(dst: np.ndarray, v: np.ndarray, scale: np.ndarray, zp: np.float32, info: np.iinfo,
-                     y_scale: np.float32 | None = None) -> None:
-    """dst = saturate(round-half-even(v * scale) + zp) to the 8-bit range ``info``: in float32, as onnxruntime's
-    MLAS requantizes; with ``y_scale``, dst (float32) is that value dequantized, (q - zp) * y_scale, bit for bit
-    as DequantizeLinear computes it (the clipped, rounded v is q - zp exactly).
-
-    onnxruntime converts the int32 accumulator to float32 and multiplies by the float32 output scale
-    (x_scale * w_scale / y_scale, itself computed in float32); in float64 some products would round to
-    the other side of a .5. ``v`` holds exact integers (float32 rounding them is the int32's); it is
-    overwritten.
-    """
-    if v.dtype != np.float32:
-        v = v.astype(np.float32)
-    v *= scale
-    np.clip(v, np.float32(info.min) - zp, np.float32(info.max) - zp, out=v)
-    np.rint(v, out=v)
-    if y_scale is not None:
-        np.multiply(v, y_scale, out=dst)
-    else:
-        np.add(v, zp, out=dst, casting="unsafe")  # integers in range: the conversion is exact
 
 
 def _output_scale(x_scale, w_scale, y_scale) -> np.ndarray:
@@ -346,29 +339,34 @@ def qlinear_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shap
 
 
 @kernel("FloatQLinearConv", domain=MINFER, since=1, prepare=True, packed=(3, 5))
-def float_qlinear_conv(ctx, *, float_input=0, float_output=0, auto_pad="NOTSET", dilations=None, group=1,
-                       kernel_shape=None, pads=None, strides=None):
-    """ai.minfer::FloatQLinearConv-1: QLinearConv of QuantizeLinear(X, x_scale, x_zero_point) (``float_input``),
-    then DequantizeLinear(Y, y_scale, y_zero_point) (``float_output``), the roundings in the conv's input
-    conversion and epilogue: bit for bit the three nodes it stands for (minfer_passes' integer fusion)."""
-    return _qlinear_conv(ctx, bool(float_input), bool(float_output), _window_attrs(auto_pad, dilations, pads, strides),
-                         group)
+def float_qlinear_conv(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
+                       output_quantization=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
+                       pads=None, strides=None):
+    """ai.minfer::FloatQLinearConv-1: QLinearConv of QuantizeLinear(X, x_scale, x_zero_point) (``float_input`` 1;
+    2: X is already that, centered: QuantizeLinear(X) - x_zero_point as float32), then DequantizeLinear(Y, y_scale,
+    y_zero_point) (``float_output``), then ChannelAffine's act(y * S + B) when given S/B (inputs 9, 10) or an
+    activation, then with ``output_quantization`` [scale, low, high] clip(rint(y / scale), low, high) (the next
+    conv's QuantizeLinear, centered), all in the conv's input conversion and epilogue: bit for bit the nodes it
+    stands for (minfer_passes' integer fusion)."""
+    if (activation or len(ctx.input_types) > 9 or output_quantization) and not float_output:
+        raise ValueError(f"{ctx.node_name}: FloatQLinearConv takes S, B, an activation or an output quantization only "
+                         f"with float_output=1")
+    post = rq.Post(activation or "", rq.bounds(activation or "", activation_params),
+                 tuple(float(v) for v in output_quantization) if output_quantization else None)
+    return _qlinear_conv(ctx, int(float_input), bool(float_output), _window_attrs(auto_pad, dilations, pads, strides),
+                         group, post)
 
 
-def _rounding(scale: np.ndarray, zero_point: np.ndarray) -> Rounding:
-    """(scale, low, high) of QuantizeLinear to ``zero_point``'s 8-bit type, centered (`centered_input`)."""
-    info, zp = np.iinfo(np.asarray(zero_point).dtype), float(np.asarray(zero_point).reshape(-1)[0])
-    return np.float32(np.asarray(scale).reshape(-1)[0]), info.min - zp, info.max - zp
-
-
-def _qlinear_conv(ctx, float_input: bool, float_output: bool, window_attrs: dict, group: int):
+def _qlinear_conv(ctx, float_input: int, float_output: bool, window_attrs: dict, group: int,
+                  post: rq.Post | None = None):
     integer = IntegerConv(window_attrs)
     no_bias = len(ctx.input_types) <= 8 or ctx.input_types[8] is None
     fixed = _build_weights(ctx, 3, 5, group, 0.0 if no_bias else _bias_bound(ctx))
     depthwise = _depthwise(ctx, fixed, integer.attrs, 0)
+    quantize, compiled = rq.compiled_steps(ctx, float_input, float_output, post)
     del ctx
 
-    def run(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None):
+    def run(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, s=None, a=None):
         held = fixed if fixed is not None else _held(w, w_zero_point, group, 0.0 if b is None else float(2**31))
         per_channel = _output_scale(x_scale, w_scale, y_scale)
         zp = np.float32(np.asarray(y_zero_point).reshape(-1)[0])
@@ -377,18 +375,27 @@ def _qlinear_conv(ctx, float_input: bool, float_output: bool, window_attrs: dict
         rank = x.ndim - 2
         bias = None if b is None else b.astype(held.dtype).reshape((-1,) + (1,) * rank)
         scale = per_channel.reshape((-1,) + (1,) * rank) if per_channel.size > 1 else per_channel.reshape(())
+        sv, av = (None if v is None else np.asarray(v, np.float32).reshape((-1,) + (1,) * rank) for v in (s, a))
+        fast = compiled if compiled is not None and held.dtype == np.float32 and len(held.chunks) == 1 else None
+        flat = [rq.frozen(v) for v in (per_channel, bias, sv, av)]
 
         def finish(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
             part = y[region]
             ch = region[1] if len(region) > 1 else slice(None)
+            if fast is not None:  # bias, requantization, dequantization and the affine in one compiled pass
+                fast.fn(part, *(v if v is None or v.size == 1 else v[ch] for v in flat), out=out[region])
+                return
             if bias is not None:
                 part += bias[ch]  # exact: the bound at build counted the bias
-            _requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp, info, ys)
+            rq.requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp, info, ys)
+            if post is not None:
+                post.apply(out[region], None if sv is None else sv[ch], None if av is None else av[ch])
 
-        rounding = _rounding(x_scale, x_zero_point) if float_input else None
+        rounding = rq.rounding_of(x_scale, x_zero_point, quantize) if float_input == 1 else None
         dtype = np.dtype(np.float32) if float_output else np.asarray(y_zero_point).dtype
+        centered = float_input == 2  # x holds QuantizeLinear(x) - x_zero_point already
         if depthwise is not None:
-            return depthwise(x, x_zero_point, dtype, finish, rounding)
-        return integer(x, x_zero_point, held, dtype, finish, rounding)
+            return depthwise(x, None if centered else x_zero_point, dtype, finish, rounding, centered)
+        return integer(x, None if centered else x_zero_point, held, dtype, finish, rounding, centered)
 
     return run

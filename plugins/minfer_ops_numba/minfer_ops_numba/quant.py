@@ -215,3 +215,218 @@ def quantize_dequantize(ctx, *, scale, low, high, post_scale=0.0, post_low=0.0, 
     rank = input_type(ctx, 0).rank
     axes = {_channel_axis(t.shape, rank) for t in (input_type(ctx, 1), input_type(ctx, 2)) if t is not None} - {-1}
     return _runner(axes.pop() if axes else None, scale, low, high, post_scale, post_low, post_high)
+
+
+# ---- ai.minfer::Requantize (minfer-ops-conv's integer convs' input conversion and output epilogue) ----------------
+
+RQ_ACTS = {"": 0, "Relu": 1, "Clip": 2}
+
+
+@jit
+def _rq_scale(src, out, nl, cc, mc, hc, divide, rounding, low, high, out_scale):  # pragma: no cover - compiled
+    """out = R((src + cc) * mc) [* out_scale] (/ mc with ``divide``; + cc only when ``hc``): each combination its own
+    branch-free loop, so that each vectorizes (one loop testing the flags per element ran 50x slower)."""
+    if rounding and divide:
+        for j in range(nl):
+            v = src[uintp(j)] / mc
+            v = low if v < low else v
+            v = high if v > high else v
+            out[uintp(j)] = np.rint(v)
+    elif rounding and hc:
+        for j in range(nl):
+            v = (src[uintp(j)] + cc) * mc
+            v = low if v < low else v
+            v = high if v > high else v
+            out[uintp(j)] = np.rint(v)
+    elif rounding:
+        for j in range(nl):
+            v = src[uintp(j)] * mc
+            v = low if v < low else v
+            v = high if v > high else v
+            out[uintp(j)] = np.rint(v)
+    elif hc:
+        for j in range(nl):
+            out[uintp(j)] = (src[uintp(j)] + cc) / mc if divide else (src[uintp(j)] + cc) * mc
+    elif divide:
+        for j in range(nl):
+            out[uintp(j)] = src[uintp(j)] / mc
+    else:
+        for j in range(nl):
+            out[uintp(j)] = src[uintp(j)] * mc
+    if out_scale != 0:
+        for j in range(nl):
+            out[uintp(j)] = out[uintp(j)] * out_scale
+
+
+@jit
+def _rq_affine(out, nl, sc, bc, hs, hb, act, p0, p1):  # pragma: no cover - compiled
+    """out = act(out * sc + bc) in place, ChannelAffine's kernel's operations (product rounded, then the sum)."""
+    zero = np.float32(0)
+    if hs and hb:
+        for j in range(nl):
+            out[uintp(j)] = out[uintp(j)] * sc + bc
+    elif hs:
+        for j in range(nl):
+            out[uintp(j)] = out[uintp(j)] * sc
+    elif hb:
+        for j in range(nl):
+            out[uintp(j)] = out[uintp(j)] + bc
+    # "p0 if v < p0 else v" is "v if (v >= p0 or v != v) else p0" (the affine kernel's form: NaN kept, -0.0 too)
+    # in a form that vectorizes
+    if act == 1:
+        for j in range(nl):
+            v = out[uintp(j)]
+            out[uintp(j)] = zero if v < zero else v
+    elif act == 2:
+        for j in range(nl):
+            v = out[uintp(j)]
+            v = p0 if v < p0 else v
+            out[uintp(j)] = p1 if v > p1 else v
+
+
+@jit
+def _rq_post(out, nl, ps, plo, phi):  # pragma: no cover - compiled
+    """out = clip(rint(out / ps), plo, phi) in place: the next QuantizeLinear, centered."""
+    for j in range(nl):
+        v = out[uintp(j)] / ps
+        v = plo if v < plo else v
+        v = phi if v > phi else v
+        out[uintp(j)] = np.rint(v)
+
+
+@jit
+def _rq_fused(src, dst, n0, s0, nc, s1, nl, m, c, s, b, rounding, act_lo, act_hi, params):  # pragma: no cover
+    """The chain without division, (outer, channel, inner) as `_rq_rows` walks it, in one loop a row: act(R((v + c)
+    * m) * out_scale * s + b) [then the post grid], absent steps as exact identities (+ -0.0, * 1, a clip to
+    +-inf: every float, -0.0 and NaN included, comes out as it went in). The loops index src and dst directly:
+    a call per channel (numba passes each slice as a new array) cost 1280-channel 7x7 maps 80 us."""
+    low, high, osc, ps, plo, phi = params[0], params[1], params[2], params[5], params[6], params[7]
+    osc = osc if osc != 0 else np.float32(1)
+    hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
+    ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
+    for o in range(n0):
+        for ch in range(nc):
+            base = o * s0 + ch * s1
+            mc = m[uintp(ch if ms else 0)]
+            cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
+            sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
+            bc = b[uintp(ch if bs else 0)] if hb else np.float32(-0.0)
+            if not rounding:  # a ConvInteger's Cast and Mul: the product, then the affine
+                for j in range(nl):
+                    v = (src[uintp(base + j)] + cc) * mc * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    dst[uintp(base + j)] = act_hi if v > act_hi else v
+            elif ps != 0:
+                for j in range(nl):
+                    v = (src[uintp(base + j)] + cc) * mc
+                    v = low if v < low else v
+                    v = high if v > high else v
+                    v = np.rint(v) * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    v = act_hi if v > act_hi else v
+                    v = v / ps
+                    v = plo if v < plo else v
+                    v = phi if v > phi else v
+                    dst[uintp(base + j)] = np.rint(v)
+            else:
+                for j in range(nl):
+                    v = (src[uintp(base + j)] + cc) * mc
+                    v = low if v < low else v
+                    v = high if v > high else v
+                    v = np.rint(v) * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    dst[uintp(base + j)] = act_hi if v > act_hi else v
+
+
+@jit
+def _rq_rows(src, dst, walk, m, c, s, b, params):  # pragma: no cover - compiled
+    """dst = act(R((src + c) * m) * out_scale * s + b) over (outer, channel, inner) as ``walk`` gives it (n0, s0, nc,
+    s1, nl, then divide, rounding, activation); ``params``: low, high, out_scale, the Clip bounds, then the post grid
+    (scale 0: none). An empty c, s or b is absent; m, c, s, b hold one value or one a channel. Channel row by channel
+    row (in cache), stage by stage."""
+    n0, s0, nc, s1, nl = walk[0], walk[1], walk[2], walk[3], walk[4]
+    divide, rounding, act = walk[5], walk[6], walk[7]
+    low, high, out_scale, p0, p1 = params[0], params[1], params[2], params[3], params[4]
+    post, plo, phi = params[5], params[6], params[7]
+    hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
+    ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
+    zero = np.float32(0)
+    if not divide and (rounding or post == 0):  # an epilogue: one loop (each step's float32 operation, in order)
+        act_lo = p0 if act == 2 else (zero if act == 1 else np.float32(-np.inf))  # float32: a float64 bound would
+        act_hi = p1 if act == 2 else np.float32(np.inf)  # turn the rest of the chain into float64
+        _rq_fused(src, dst, n0, s0, nc, s1, nl, m, c, s, b, rounding, act_lo, act_hi, params)
+        return
+    for o in range(n0):
+        for ch in range(nc):
+            base = o * s0 + ch * s1
+            cc = c[uintp(ch if cs else 0)] if hc else zero
+            out = dst[uintp(base):uintp(base + nl)]
+            _rq_scale(src[uintp(base):uintp(base + nl)], out, nl, cc, m[uintp(ch if ms else 0)], hc, divide, rounding,
+                      low, high, out_scale)
+            if hs or hb or act:
+                sc = s[uintp(ch if ss else 0)] if hs else zero
+                _rq_affine(out, nl, sc, b[uintp(ch if bs else 0)] if hb else zero, hs, hb, act, p0, p1)
+            if post != 0:
+                _rq_post(out, nl, post, plo, phi)
+
+
+def _rq_operand(v: np.ndarray | None) -> np.ndarray:
+    if v is None:
+        return _EMPTY
+    if v.ndim == 1 and v.dtype == F32 and not v.flags.writeable:  # as the conv kernels pass them: no new view
+        return v
+    return readonly(v.reshape(-1) if v.dtype == F32 else v.astype(F32).reshape(-1))
+
+
+_EMPTY = readonly(np.zeros(0, np.float32))
+
+
+def _rq_applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """float32 X of rank 2 or more, float32 operands, an activation this loop computes."""
+    x = input_type(ctx, 0)
+    operands = [input_type(ctx, i) for i in range(1, 5)]
+    return (is_float32(ctx) and x.rank is not None and x.rank >= 2 and (attrs.get("activation") or "") in RQ_ACTS
+            and all(t is None or t.dtype == F32 for t in operands))
+
+
+@kernel("Requantize", domain=DOMAIN, priority=PRIORITY, prepare=True, out=True, views=False, applies=_rq_applies)
+def requantize(ctx, *, low=-np.inf, high=np.inf, divide=0, rounding=1, out_scale=0.0, activation="",
+               activation_params=None, post_scale=0.0, post_low=-np.inf, post_high=np.inf):
+    """ai.minfer::Requantize-1 (float32): minfer-ops-conv's numpy steps in one compiled pass, the same operations."""
+    act = RQ_ACTS[activation or ""]
+    lo, hi = ([float(v) for v in activation_params or []] + [-np.inf, np.inf])[:2] if act == 2 else (0.0, 0.0)
+    params = readonly(np.asarray([low, high, out_scale, lo, hi, post_scale, post_low, post_high], np.float32))
+    flags = (int(divide), int(rounding), act)
+    one = readonly(np.ones(1, np.float32))
+    _rq_rows(one, np.ones(1, np.float32), np.asarray((1, 0, 1, 0, 1, *flags), np.int64), one, one, one, one, params)
+    walks: dict[tuple[Any, ...], Any] = {}  # per (shape, strides): a tile's walk (a conv's tiles repeat run after run)
+
+    def walk_of(y: np.ndarray, per_channel: bool) -> Any:
+        key = (y.shape, y.strides, per_channel)
+        found = walks.get(key, False)
+        if found is False:  # one run when no operand varies by channel (a small map's channels each cost a call)
+            flat = not per_channel and y.flags.c_contiguous
+            dims = (1, 0, 1, 0, y.size) if flat else _walk(y.shape, y.strides, 1)
+            found = None if dims is None else (np.asarray((*dims, *flags), np.int64),
+                                               (dims[0] - 1) * dims[1] + (dims[2] - 1) * dims[3] + dims[4])
+            walks[key] = found  # a racing thread may make it too: the same value
+        return found
+
+    def run(x, m, c=None, s=None, b=None, *, out=None):
+        y = out if out is not None else np.empty(x.shape, np.float32)
+        if not y.size:
+            return y
+        per_channel = any(v is not None and v.size > 1 for v in (m, c, s, b))
+        found = walk_of(y, per_channel) if x.strides == y.strides and x.dtype == F32 else None
+        if found is None:  # dims that do not merge or strides that differ (never a conv's tile): a contiguous copy
+            tmp = np.ascontiguousarray(x, np.float32)
+            dst = np.empty(x.shape, np.float32)
+            run(tmp, m, c, s, b, out=dst)
+            np.copyto(y, dst)
+            return y
+        walk, extent = found
+        _rq_rows(readonly(_window(x, extent)), _window(y, extent), walk, _rq_operand(m), _rq_operand(c),
+                 _rq_operand(s), _rq_operand(b), params)
+        return y
+
+    return run

@@ -22,18 +22,27 @@ rank) reads; never through a graph output. Replacement: ``ai.minfer::ScaledConvI
 w_zero_point, scale)``, the conv's attributes: its epilogue rounds each tile's exact integers to float32 as the
 Cast does and multiplies them as the Mul does. Exact too.
 
+Then each fused conv's epilogue takes more of what follows it, exactly (the same float32 operations, in order):
+
+- its float output's sole reader, a ``ChannelAffine`` (a BatchNormalization the quantizer left between two convs,
+  with its Relu or Clip; constant S and B): S and B become the node's inputs 9 and 10 (ScaledConvInteger: 5 and
+  6), the activation its ``activation``/``activation_params``;
+- a FloatQLinearConv's float output read only by another FloatQLinearConv's float input: the first quantizes it
+  on the second's input grid (``output_quantization``) and the second reads those centered integers as they are
+  (``float_input`` 2), one pass over the tensor fewer;
+- the ``DynamicQuantizeLinear`` whose outputs only a ScaledConvInteger reads (the scale through a Mul by a
+  constant): the node takes the float input (``dynamic_input``) and quantizes it while centering it.
+
 ``--portable`` lowers the nodes back to the ones they stand for (`lower_integer`).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import MINFER_DOMAIN, const, fresh, has_kernel
+from ._util import MINFER_DOMAIN, add_const, const, fresh, has_kernel
 
 FUSED = "FloatQLinearConv"
 SCALED = "ScaledConvInteger"
@@ -86,9 +95,157 @@ def _dequantize_out(graph: Graph, conv: Node) -> Node | None:
 
 def integer_conv_fusion(graph: Graph) -> bool:
     """QuantizeLinear -> QLinearConv -> DequantizeLinear (either end alone too) as one FloatQLinearConv; ConvInteger
-    -> Cast to float32 -> Mul by one float32 value as one ScaledConvInteger."""
+    -> Cast to float32 -> Mul by one float32 value as one ScaledConvInteger; either's float output's sole reader, a
+    ChannelAffine (none, Relu or Clip), in its epilogue."""
     fused = _qlinear_convs(graph)
-    return _scaled_convs(graph) or fused
+    fused = _scaled_convs(graph) or fused
+    fused = _affine_epilogues(graph) or fused
+    fused = _dynamic_inputs(graph) or fused
+    return _quantized_edges(graph) or fused
+
+
+def _quantized_edges(graph: Graph) -> bool:
+    """A FloatQLinearConv's float output read only by another's float input: the first quantizes it in its epilogue
+    on the second's input grid (``output_quantization`` [x_scale, low, high], its output then the centered integers
+    clip(rint(y / x_scale), low, high) as float32), and the second takes them as they are (``float_input`` 2): one
+    pass over the tensor less. Exact: the epilogue computes what the second's input conversion would."""
+    updates: dict[int, tuple[Node, dict]] = {}  # found on the graph as it is, then each node replaced once
+    for node in graph.nodes:
+        grid = _edge_grid(graph, node)
+        if grid is not None:
+            reader = graph.sole_consumer(node.outputs[0])
+            updates.setdefault(id(node), (node, {}))[1]["output_quantization"] = grid
+            updates.setdefault(id(reader), (reader, {}))[1]["float_input"] = 2
+    for node, changes in updates.values():
+        graph.replace([node], Node(FUSED, node.inputs, node.outputs, {**node.attrs, **changes}, node.name,
+                                   MINFER_DOMAIN))
+    return bool(updates)
+
+
+def _edge_grid(graph: Graph, node: Node) -> list[float] | None:
+    """[x_scale, low, high] of the FloatQLinearConv alone reading ``node``'s float output as its float input."""
+    if node.domain != MINFER_DOMAIN or node.op_type != FUSED or not node.attrs.get("float_output"):
+        return None
+    y = node.outputs[0]
+    reader = graph.sole_consumer(y)
+    if "output_quantization" in node.attrs or y in graph.outputs or reader is None or reader.domain != MINFER_DOMAIN:
+        return None
+    if reader.op_type != FUSED or reader.attrs.get("float_input") != 1 or reader.inputs.count(y) != 1:
+        return None
+    params = _params(graph, reader.inputs[1], reader.inputs[2]) if reader.inputs[0] == y else None
+    if params is None:
+        return None
+    scale, zp = params
+    info, z = np.iinfo(zp.dtype), float(zp.reshape(-1)[0])
+    return [float(scale.reshape(-1)[0]), float(info.min) - z, float(info.max) - z]
+
+
+def _scale_factor(graph: Graph, mul: Node, xs: str) -> str | np.ndarray | None:
+    """The float32 one-element constant ``mul`` multiplies ``xs`` by (a Mul's operand name, or a BinaryScalar's
+    scalar), or None."""
+    if not mul.domain and mul.op_type == "Mul" and len(mul.inputs) == 2 and mul.inputs.count(xs) == 1:
+        other = mul.inputs[1] if mul.inputs[0] == xs else mul.inputs[0]
+        value = const(graph, other)
+        return other if value is not None and value.dtype == np.float32 and value.size == 1 else None
+    if mul.domain == MINFER_DOMAIN and mul.op_type == "BinaryScalar" and mul.attrs.get("op") == "Mul":
+        value = np.asarray(mul.attrs.get("scalar"))
+        return value if value.dtype == np.float32 and value.size == 1 and mul.inputs == [xs] else None
+    return None
+
+
+def _dynamic_producer(graph: Graph, conv: Node) -> tuple[Node, Node, str | np.ndarray] | None:
+    """The DynamicQuantizeLinear whose outputs only the ScaledConvInteger ``conv`` reads (X, its zero point, and
+    its scale through a product by a constant that is conv's scale), that product and its constant."""
+    dql = graph.producer(conv.inputs[0])
+    if dql is None or dql.domain or dql.op_type != "DynamicQuantizeLinear" or len(dql.outputs) != 3:
+        return None
+    xq, xs, xz = dql.outputs
+    t = graph.type_of(dql.inputs[0])
+    if t is None or t.dtype != np.float32 or any(v in graph.outputs for v in dql.outputs) or conv.inputs[2] != xz:
+        return None
+    if any(graph.sole_consumer(v) is not conv or conv.inputs.count(v) != 1 for v in (xq, xz)):
+        return None
+    mul = graph.sole_consumer(xs)
+    if mul is None or len(mul.outputs) != 1 or mul.outputs[0] != conv.inputs[4] or mul.outputs[0] in graph.outputs:
+        return None
+    if graph.sole_consumer(mul.outputs[0]) is not conv or conv.inputs.count(mul.outputs[0]) != 1:
+        return None
+    factor = _scale_factor(graph, mul, xs)
+    return None if factor is None else (dql, mul, factor)
+
+
+def _dynamic_inputs(graph: Graph) -> bool:
+    """Each ScaledConvInteger's DynamicQuantizeLinear (read by it alone) in its input conversion: the node takes X
+    as float32 (``dynamic_input``), its zero point input empty and its scale input the weight's factor; the kernel
+    quantizes X while centering it for the conv (one pass instead of two) and multiplies the scale it found by the
+    factor as the Mul did. Exact: DynamicQuantizeLinear's scale and zero point depend on X's min and max only."""
+    changed = False
+    for conv in list(graph.nodes):
+        if conv.domain != MINFER_DOMAIN or conv.op_type != SCALED or conv.attrs.get("dynamic_input"):
+            continue
+        found = _dynamic_producer(graph, conv)
+        if found is None:
+            continue
+        dql, mul, factor = found
+        if not isinstance(factor, str):
+            factor = add_const(graph, f"{conv.name or 'conv'}_weight_scale", factor.astype(np.float32))
+        inputs = [dql.inputs[0], conv.inputs[1], "", conv.inputs[3], factor, *conv.inputs[5:]]
+        graph.replace([dql, mul, conv], Node(SCALED, inputs, list(conv.outputs), {**conv.attrs, "dynamic_input": 1},
+                                             conv.name, MINFER_DOMAIN))
+        changed = True
+    return changed
+
+
+AFFINE = "ChannelAffine"
+# the activations the integer convs' epilogue computes as ChannelAffine's kernels do
+AFFINE_ACTS = ("", "Relu", "Clip")
+# where S and B go: after the node's own inputs (a FloatQLinearConv's bias slot kept, empty when absent)
+AFFINE_SLOT = {FUSED: 9, SCALED: 5}
+
+
+def _channel_vector(graph: Graph, name: str, channels: int) -> bool:
+    value = const(graph, name)
+    return value is not None and value.dtype == np.float32 and value.size == channels
+
+
+def _affine_reader(graph: Graph, node: Node) -> Node | None:
+    """The ChannelAffine (constant float32 S, B of one value per channel; activation none, Relu or Clip) alone
+    reading the float output of an integer conv that has no epilogue stage yet."""
+    if node.domain != MINFER_DOMAIN or node.op_type not in AFFINE_SLOT or len(node.inputs) > AFFINE_SLOT[node.op_type]:
+        return None
+    if node.op_type == FUSED and not node.attrs.get("float_output"):
+        return None
+    y = node.outputs[0]
+    ca, t = graph.sole_consumer(y), graph.type_of(y)
+    if ca is None or ca.domain != MINFER_DOMAIN or ca.op_type != AFFINE or y in graph.outputs or len(ca.inputs) != 3:
+        return None
+    if ca.inputs[0] != y or y in ca.inputs[1:] or ca.attrs.get("activation", "") not in AFFINE_ACTS:
+        return None
+    if t is None or t.shape is None or len(t.shape) < 3 or not isinstance(t.shape[1], int):
+        return None
+    s, b = ca.inputs[1:3]
+    ok = b and _channel_vector(graph, b, t.shape[1]) and (not s or _channel_vector(graph, s, t.shape[1]))
+    return ca if ok else None
+
+
+def _affine_epilogues(graph: Graph) -> bool:
+    """Each integer conv's ChannelAffine reader (a BatchNormalization the quantizer left between two convs, and
+    its Relu/Clip) as the conv's epilogue: S, B its inputs, the activation its attribute. Exact: the kernel
+    applies ChannelAffine's float32 operations in its order to each dequantized tile."""
+    changed = False
+    for node in list(graph.nodes):
+        ca = _affine_reader(graph, node)
+        if ca is None:
+            continue
+        slot = AFFINE_SLOT[node.op_type]
+        inputs = (list(node.inputs) + [""] * slot)[:slot] + list(ca.inputs[1:3])
+        attrs = dict(node.attrs)
+        if ca.attrs.get("activation"):
+            attrs.update(activation=ca.attrs["activation"],
+                         activation_params=[float(v) for v in ca.attrs.get("activation_params", [])])
+        graph.replace([node, ca], Node(node.op_type, inputs, list(ca.outputs), attrs, node.name, node.domain))
+        changed = True
+    return changed
 
 
 def _scale_of(graph: Graph, mul: Node, cast_out: str, rank: int) -> str | None:
@@ -160,8 +317,13 @@ def lower_integer(graph: Graph) -> bool:
         if node.domain != MINFER_DOMAIN or node.op_type != FUSED:
             continue
         attrs = dict(node.attrs)
+        # a quantized edge (`_quantized_edges`) lowers to the float value and its reader's QuantizeLinear
         float_in, float_out = attrs.pop("float_input", 0), attrs.pop("float_output", 0)
-        inputs, new = list(node.inputs), []
+        attrs.pop("output_quantization", None)
+        affine = _lowered_affine(graph, node, attrs, AFFINE_SLOT[FUSED])
+        inputs, new = list(node.inputs[: AFFINE_SLOT[FUSED]]), []
+        while len(inputs) > 8 and not inputs[-1]:
+            inputs.pop()
         name = node.name or "qlinear_conv"
         if float_in:
             xq = fresh(graph, f"{name}_x_quantized")
@@ -170,83 +332,48 @@ def lower_integer(graph: Graph) -> bool:
         y = fresh(graph, f"{name}_y_quantized") if float_out else node.outputs[0]
         new.append(Node("QLinearConv", inputs, [y], attrs, node.name, ""))
         if float_out:
-            new.append(Node("DequantizeLinear", [y, inputs[6], inputs[7]], list(node.outputs), {},
-                            fresh(graph, f"{name}_dequantize")))
-        graph.replace([node], new)
+            f = affine.inputs[0] if affine is not None else node.outputs[0]
+            new.append(Node("DequantizeLinear", [y, inputs[6], inputs[7]], [f], {}, fresh(graph, f"{name}_dequantize")))
+        graph.replace([node], new + ([affine] if affine is not None else []))
         changed = True
     return changed
 
 
+def _lowered_affine(graph: Graph, node: Node, attrs: dict, slot: int) -> Node | None:
+    """The ChannelAffine node an integer conv's epilogue stands for (reading a fresh value typed as the output),
+    or None; takes the activation out of ``attrs``."""
+    act, params = attrs.pop("activation", ""), attrs.pop("activation_params", [])
+    if len(node.inputs) <= slot:
+        return None
+    mid = fresh(graph, f"{node.name or node.op_type}_pre_affine")
+    t = graph.type_of(node.outputs[0])
+    if t is not None:
+        graph.types[mid] = t
+    ca_attrs = {"activation": act, "activation_params": list(params)} if act else {}
+    return Node(AFFINE, [mid, *node.inputs[slot : slot + 2]], list(node.outputs), ca_attrs,
+                fresh(graph, f"{node.name or node.op_type}_affine"), MINFER_DOMAIN)
+
+
 def _lower_scaled(graph: Graph, node: Node) -> None:
-    inputs = list(node.inputs[:4])
+    attrs = dict(node.attrs)
+    affine = _lowered_affine(graph, node, attrs, AFFINE_SLOT[SCALED])
+    inputs, scale, new = list(node.inputs[:4]), node.inputs[4], []
+    name = node.name or "conv_integer"
+    if attrs.pop("dynamic_input", 0):  # DynamicQuantizeLinear, and the Mul of its scale by the weight's
+        xq, xs, xz, scale = (fresh(graph, f"{name}_{part}") for part in ("x_quantized", "x_scale", "x_zero_point",
+                                                                            "scale"))
+        new += [Node("DynamicQuantizeLinear", [inputs[0]], [xq, xs, xz], {}, fresh(graph, f"{name}_quantize")),
+                Node("Mul", [xs, node.inputs[4]], [scale], {}, fresh(graph, f"{name}_scales"))]
+        inputs[0], inputs[2] = xq, xz
     while inputs and not inputs[-1]:
         inputs.pop()
-    name = node.name or "conv_integer"
     y, f = fresh(graph, f"{name}_int32"), fresh(graph, f"{name}_float")
-    graph.replace([node], [Node("ConvInteger", inputs, [y], dict(node.attrs), node.name, ""),
-                           Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
-                           Node("Mul", [f, node.inputs[4]], list(node.outputs), {}, fresh(graph, f"{name}_scale"))])
+    scaled = affine.inputs[0] if affine is not None else node.outputs[0]
+    graph.replace([node], new + [Node("ConvInteger", inputs, [y], attrs, node.name, ""),
+                                 Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
+                                 Node("Mul", [f, scale], [scaled], {}, fresh(graph, f"{name}_scale"))]
+                  + ([affine] if affine is not None else []))
 
 
-def patterns() -> Any:
-    """The pass's target strategy: Q -> QLinearConv -> DQ (int8 or uint8 activations, random zero points, a bias,
-    per-tensor or per-channel weights, stride 1 or 2), or ConvInteger -> Cast -> Mul by a scalar, each intermediate
-    sometimes read elsewhere or a graph output."""
-    from hypothesis import strategies as st
-
-    from minfer_core.testing import GraphBuilder
-
-    def exposed(draw: Any, b: GraphBuilder, value: str) -> None:
-        """`strategies.expose` for an 8-bit value: nothing, another reader (a Cast: no Neg of uint8), or an output."""
-        how = draw(st.sampled_from(["none", "none", "consumer", "output"]))
-        if how != "none":
-            b.output(b.op("Cast", value, to=1) if how == "consumer" else value)
-
-    def params(draw: Any, b: GraphBuilder, dtype: Any) -> tuple[str, str]:
-        info = np.iinfo(dtype)
-        zp = draw(st.integers(int(info.min) // 2, int(info.max) // 2))
-        return b.const(np.float32(draw(st.sampled_from([0.02, 0.05, 0.1])))), b.const(np.asarray(zp, dtype))
-
-    @st.composite
-    def scaled(draw: Any) -> Any:
-        """ConvInteger (uint8 input, int8 weights, zero points or not) -> Cast -> Mul by a float32 scalar."""
-        b = GraphBuilder(opset=13)
-        c, m = draw(st.integers(1, 4)), draw(st.integers(1, 4))
-        x = b.input((1, c, draw(st.integers(3, 6)), draw(st.integers(3, 6))), dtype=np.uint8)
-        rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-        w = b.const(rng.integers(-127, 128, (m, c, 3, 3)).astype(np.int8))
-        zps = [b.const(np.uint8(draw(st.integers(0, 255)))), b.const(np.int8(draw(st.integers(-3, 3))))]
-        y = b.op("ConvInteger", x, w, *zps[: draw(st.integers(0, 2))], kernel_shape=[3, 3], pads=[1, 1, 1, 1])
-        exposed(draw, b, y)
-        f = b.op("Cast", y, to=1)
-        exposed(draw, b, f)
-        s = b.input(draw(st.sampled_from([(), (1,), (1, 1, 1, 1)]))) if draw(st.booleans()) else \
-            b.const(np.float32(draw(st.sampled_from([0.001, 0.37]))))
-        b.output(b.op("Mul", *draw(st.permutations([f, s]))))
-        return b.build()
-
-    @st.composite
-    def graphs(draw: Any) -> Any:
-        b = GraphBuilder(opset=13)
-        dtype = draw(st.sampled_from([np.uint8, np.int8]))
-        c, m, depthwise = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.booleans())
-        m = c if depthwise else m
-        x = b.input((1, c, draw(st.integers(3, 6)), draw(st.integers(3, 6))))
-        xs, xz = params(draw, b, dtype)
-        xq = b.op("QuantizeLinear", x, xs, xz)
-        exposed(draw, b, xq)
-        rng = np.random.default_rng(draw(st.integers(0, 2**16)))
-        w = b.const(rng.integers(-127, 128, (m, 1 if depthwise else c, 3, 3)).astype(np.int8))
-        per_channel = draw(st.booleans())
-        ws = b.const((rng.random(m) * 0.02 + 0.001).astype(np.float32) if per_channel else np.float32(0.01))
-        wz = b.const(np.zeros(m, np.int8) if per_channel else np.int8(0))
-        ys, yz = params(draw, b, dtype)
-        bias = [b.const(rng.integers(-500, 500, m).astype(np.int32))] if draw(st.booleans()) else []
-        stride = draw(st.sampled_from([1, 2]))
-        y = b.op("QLinearConv", xq, xs, xz, w, ws, wz, ys, yz, *bias, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
-                 strides=[stride, stride], group=m if depthwise else 1)
-        exposed(draw, b, y)
-        b.output(b.op("DequantizeLinear", y, ys, yz))
-        return b.build()
-
-    return st.one_of(graphs(), scaled())
+# the property suite's target strategy (declared as minfer_passes.integer:patterns)
+from .integer_patterns import patterns  # noqa: E402,F401

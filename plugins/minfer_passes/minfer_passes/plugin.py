@@ -90,9 +90,10 @@ PASSES = [
                 "conv_residual_fusion", "activation_fusion", "channel_affine_fusion", "global_conv_to_gemm"),
          before=("scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
          doc=(elementwise.elementwise_fusion.__doc__ or "").strip(), patterns="minfer_passes.elementwise_patterns:patterns"),
-    # Q -> QLinearConv -> DQ (QOperator models), ConvInteger -> Cast -> Mul (dynamic ones) in one node each: exact
+    # Q -> QLinearConv -> DQ (QOperator models), ConvInteger -> Cast -> Mul (dynamic ones) in one node each, then
+    # the ChannelAffine after each (a BatchNormalization the quantizer left) in its epilogue: exact
     Pass("integer_conv_fusion", integer.integer_conv_fusion, "extended", requires=TYPED,
-         after=("constant_folding",), doc=(integer.integer_conv_fusion.__doc__ or "").strip(),
+         after=("constant_folding", "channel_affine_fusion"), doc=(integer.integer_conv_fusion.__doc__ or "").strip(),
          patterns="minfer_passes.integer:patterns"),
     # last among the fusions: it takes the elementwise chains they leave between quantized layers
     Pass("lookup_fusion", lookup.lookup_fusion, "extended", requires=TYPED,
