@@ -1,0 +1,234 @@
+"""Conv when small and not depthwise (2-D, float32, constant weights): one compiled im2col + GEMM per unit.
+
+numpy's Conv (minfer-ops-conv's conv.py) runs a small conv as im2col
+views, scratch copies and a BLAS call per tile: some 30 Python calls and
+20-60 us, where the multiply-adds of a 1x16x16x16 3x3 conv take a few us.
+Here a unit (a run of whole images, or a band of one image's output rows
+when the image is large or the two intra-op threads share it) costs two
+calls: one compiled call copies the unit's windows into a per-thread
+(C*kh*kw + 1, columns) matrix (zero where they fall in the padding, a
+last row of ones), and one BLAS GEMM multiplies the packed weights, the
+bias as their last column, into the unit's output rows; a 1x1 conv at
+stride 1 without pads multiplies its input in place and adds the bias.
+Then the fused op's epilogue runs on those rows. Everything per input
+shape (geometry, units, their slices) is worked out on its first call.
+A compiled GEMM instead of BLAS (four output channels a pass, each inner
+loop vectorized over the columns) was measured too: 1.5-4x slower than
+BLAS from about 0.3M multiply-adds up, equal at best below.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
+
+from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
+from .window import window
+
+# above this many multiply-adds per image the conv is left to numpy's kernel, whose per-call overhead no longer
+# matters. Measured one kernel against the other (one thread, loaded host): 3x3 convs of 0.2-1.2M won 1.1-5.7x
+# (detector, ocr_recognizer, orientation), 32->48 3x3 at 16x34 (6.2M) tied, mobilenet_v3's 224x224 stem (5.4M)
+# lost 0.6x, and 1x1 convs of 1-20M (the mobilenets) tied or lost up to 0.5x
+MAX_MACS = 4_000_000
+# a unit's im2col takes at most about this much (more than one image's when they are small): it stays in L2
+# (1 MB here, per core) from the copy to the GEMM
+UNIT_BYTES = 256 << 10
+# below this many multiply-adds a conv runs on one thread, as minfer-ops-conv's tiles: the hand-over to the other
+# thread costs 10-50 us, more on a loaded host (at 2M, as depthwise.py's, mobilenet_v3_small at batch 1 took 5%
+# longer than with numpy's Conv alone; so a single image, at most MAX_MACS, never splits)
+MIN_SPLIT_MACS = 8_000_000
+
+
+@jit
+def im2col(x, cols, geo):  # pragma: no cover - compiled
+    """cols[j, g, (c % cg)*kh*kw + ky*kw + kx, (oy - r0)*ow + ox] = x[i0 + j, c, oy*sh - ph + ky*dh, ox*sw - pw + kx*dw]
+    (c in group g of cg channels), zero outside x, for output rows r0..r1 of images i0..; a last row of ones in
+    each group when cols has room for it (the bias, as a column of the packed weights).
+
+    ``geo``: (i0, r0, r1, kh, kw, sh, sw, ph, pw, dh, dw), one array (numba's call costs per argument). Each
+    channel's window is first copied into a zero-bordered plane, so that every tap's row is one loop without
+    bounds: 1.5-2.7x faster than clipping each row to the input (three loops per row, at 8-32 columns).
+    """
+    i0, r0, r1, kh, kw, sh, sw, ph, pw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], \
+        geo[8], geo[9], geo[10]
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    images, group, rows, n = cols.shape
+    ow, cg = n // (r1 - r0), channels // group
+    top, hp, wp = r0 * sh - ph, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
+    lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
+    plane = np.empty(hp * wp, np.float32)
+    xf, cf = x.reshape(-1), cols.reshape(-1)
+    for j in range(images):
+        for c in range(channels):
+            for r in range(hp):
+                iy, at = top + r, r * wp
+                if iy < 0 or iy >= height:
+                    for q in range(wp):
+                        plane[uintp(at + q)] = 0.0
+                    continue
+                src = (((i0 + j) * channels + c) * height + iy) * width - pw
+                for q in range(lo):
+                    plane[uintp(at + q)] = 0.0
+                for q in range(lo, hi):
+                    plane[uintp(at + q)] = xf[uintp(src + q)]
+                for q in range(hi, wp):
+                    plane[uintp(at + q)] = 0.0
+            g = c // cg
+            for ky in range(kh):
+                for kx in range(kw):
+                    row = ((j * group + g) * rows + ((c - g * cg) * kh + ky) * kw + kx) * n
+                    for oy in range(r1 - r0):
+                        base, at = row + oy * ow, (oy * sh + ky * dh) * wp + kx * dw
+                        if sw == 1:
+                            for ox in range(ow):
+                                cf[uintp(base + ox)] = plane[uintp(at + ox)]
+                        else:
+                            for ox in range(ow):
+                                cf[uintp(base + ox)] = plane[uintp(at + ox * sw)]
+        if rows > cg * kh * kw:
+            for g in range(group):
+                for t in range(n):
+                    cf[uintp(((j * group + g) * rows + rows - 1) * n + t)] = 1.0
+
+
+def macs(ctx: Any, w: np.ndarray, attrs: dict[str, Any]) -> int | None:
+    """Multiply-adds of the conv per image, None when the input's spatial shape is not known."""
+    shape = ctx.input_types[0].shape
+    if shape is None or not all(isinstance(d, int) for d in shape[1:]):
+        return None
+    st, dl = attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1)
+    out = window(shape[2:], w.shape[2:], st, dl, attrs.get("pads"), attrs.get("auto_pad", "NOTSET"),
+                 clamp_same=True).out_shape
+    return math.prod(out) * w.shape[0] * math.prod(w.shape[1:])
+
+
+def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A 2-D float32 conv that is not depthwise (one input channel per group with group == C), with constant
+    float32 weights and bias, non-negative pads and at most MAX_MACS multiply-adds per image."""
+    w = ctx.constants[1] if len(ctx.constants) > 1 else None
+    if not is_float32(ctx, 0, rank=4) or w is None or w.ndim != 4 or w.dtype != F32:
+        return False
+    group, channels = int(attrs.get("group", 1)), ctx.input_types[0].shape[1]
+    if channels != w.shape[1] * group or w.shape[0] % group or (group > 1 and w.shape[1] == 1):
+        return False
+    if min(attrs.get("pads") or [0]) < 0 or min(attrs.get("strides") or [1]) < 1:
+        return False
+    b = ctx.constants[2] if len(ctx.constants) > 2 else None
+    if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
+        return False  # a bias computed at run time: numpy's kernel
+    work = macs(ctx, w, attrs)
+    return work is not None and work <= MAX_MACS
+
+
+def units(n: int, rows: int, row_bytes: int, work: int, threads: int) -> tuple[list[tuple[int, int, int, int]], int]:
+    """(i0, i1, r0, r1) units (images i0..i1, output rows r0..r1) and how many parts to run them in: runs of
+    whole images whose im2col (``row_bytes`` an output row) stays under UNIT_BYTES, one per thread at least
+    when the work pays for the hand-over; else bands of each image's rows."""
+    parts = threads if threads > 1 and n * work >= MIN_SPLIT_MACS else 1
+    fit = max(1, UNIT_BYTES // max(row_bytes, 1))  # rows
+    if rows > fit or n < parts <= rows:
+        per = min(fit, math.ceil(rows / math.ceil(parts / n)))
+        found = [(i, i + 1, r, min(rows, r + per)) for i in range(n) for r in range(0, rows, per)]
+    else:
+        per = max(1, min(math.ceil(n / parts), fit // rows))
+        found = [(i, min(n, i + per), 0, rows) for i in range(0, n, per)]
+    return found, min(parts, len(found))
+
+
+class Node:
+    """One Conv node's packed weights (copies: the engine frees the initializers, packed=(1, 2)) and geometry."""
+
+    def __init__(self, ctx: Any, auto_pad: str, dilations: Any, group: int, pads: Any, strides: Any) -> None:
+        w = ctx.constants[1]
+        b = ctx.constants[2] if len(ctx.constants) > 2 else None
+        m, g = w.shape[0], int(group)
+        self.group, self.kernel = g, (int(w.shape[2]), int(w.shape[3]))
+        self.strides = tuple(int(v) for v in strides or (1, 1))
+        self.dilations = tuple(int(v) for v in dilations or (1, 1))
+        self.pads, self.auto_pad = pads, auto_pad
+        bias = np.zeros(m, np.float32) if b is None else np.asarray(b, np.float32)
+        # (G, Mg, Kg + 1): the bias rides in the GEMM as a last column, against im2col's row of ones
+        self.packed = np.concatenate([w.reshape(g, m // g, -1), bias.reshape(g, m // g, 1)], axis=2, dtype=np.float32)
+        self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+
+    def plan(self, x: np.ndarray, threads: int) -> tuple[Any, ...]:
+        """For input x, once per shape: whether the GEMMs are 2-D, the shapes x and y are viewed in for them,
+        y's shape, the units and how many parts to run them in; each unit with its compiled call's geometry
+        (None: no im2col), its scratch shape, its columns (in those views) and its region of y."""
+        begin, _, (oh, ow) = window(x.shape[2:], self.kernel, self.strides, self.dilations, self.pads,
+                                    self.auto_pad, clamp_same=True)
+        g, mg, rows = self.packed.shape
+        found, parts = units(x.shape[0], oh, g * rows * ow * 4, oh * ow * self.packed.size, threads)
+        geometry = self.kernel + self.strides + (int(begin[0]), int(begin[1])) + self.dilations
+        # a 1x1 conv at stride 1 without pads is a GEMM on its input as it lies: no copy (the bias added after)
+        direct = self.kernel == self.strides == (1, 1) and begin == (0, 0) and (oh, ow) == x.shape[2:]
+        # one image and one group a unit: 2-D GEMMs on (N, M, OH*OW) and (N, C, H*W) views (numpy's stacked
+        # matmul costs ~1 us more a call), else stacked ones on (N, G, M/G, OH*OW) and (N, G, C/G, H*W)
+        n, flat = x.shape[0], g == 1 and all(i1 - i0 == 1 for i0, i1, _, _ in found)
+        made = []
+        for i0, i1, r0, r1 in found:
+            geo = None if direct else np.array((i0, r0, r1) + geometry, np.int64)
+            images = (i0,) if flat else (slice(i0, i1), slice(None))
+            cols = images + (slice(None), slice(r0 * ow, r1 * ow))
+            region = (slice(i0, i1), slice(None), slice(r0, r1))
+            made.append((geo, (i1 - i0, g, rows, (r1 - r0) * ow), cols, region))
+        by_group = (n,) if flat else (n, g)
+        x_by, y_by = by_group + (-1, x.shape[2] * x.shape[3]), by_group + (-1, oh * ow)
+        return flat, x_by, y_by, (n, g * mg, oh, ow), made, parts
+
+
+_DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=True, applies=applies)
+
+
+@kernel("Conv", since=1, priority=PRIORITY, **_DECLARED)
+def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv-1/11/22, small and not depthwise only (see `applies`): compiled im2col, one BLAS GEMM per unit."""
+    node = Node(ctx, auto_pad, dilations, group, pads, strides)
+    packed, plans = node.packed, node.plans
+    # the GEMMs' operands as stacks of groups, and as matrices (group 1)
+    stacked = packed, packed[:, :, :-1], packed[:, :, -1:]
+    matrices = packed[0], packed[0, :, :-1], packed[0, :, -1:]
+    _warm(node)
+
+    def run(x, w=None, b=None, *, out=None, epilogue=None):
+        threads = intra_op_threads()
+        key = x.shape + (threads,)
+        if key not in plans:
+            plans[key] = node.plan(x, threads)
+        flat, x_by, y_by, shape, made, parts = plans[key]
+        y = out if out is not None else np.empty(shape, np.float32)  # out: C-contiguous, as the engine's
+        if y.size == 0:
+            return y
+        xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
+        xg, yg = xs.reshape(x_by), y.reshape(y_by)
+        full, weights, bias = matrices if flat else stacked
+
+        def span(lo: int, hi: int) -> None:
+            for geo, cols_shape, index, region in made[lo:hi]:
+                dst = yg[index]
+                if geo is None:
+                    np.matmul(weights, xg[index], out=dst)
+                    np.add(dst, bias, out=dst)
+                else:
+                    cols = scratch("smallconv-cols", cols_shape, np.float32)
+                    im2col(xs, cols, geo)
+                    np.matmul(full, cols[0, 0] if flat else cols, out=dst)
+                if epilogue is not None:
+                    epilogue(y, region)
+
+        parallel_for(len(made), span, parts=parts, outputs_only=True)  # a unit writes only its y block
+        return y
+
+    # every unit writes only its own block of y, inside parallel_for(outputs_only=True): a team may share it
+    return spmd(run)
+
+
+def _warm(node: Node) -> None:
+    """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
+    of the kernels the core compares."""
+    x = readonly(np.zeros((1, node.group, 1, 1), np.float32))
+    im2col(x, np.zeros((1, node.group, 2, 1), np.float32), np.array((0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1), np.int64))
