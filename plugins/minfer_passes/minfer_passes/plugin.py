@@ -15,7 +15,7 @@ from minfer_core import Pass, hookimpl
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
-from . import integer, lookup, qdq, qdq_ops
+from . import integer, lookup, qdq, qdq_exact, qdq_ops
 from ._util import fixpoint
 
 
@@ -79,6 +79,10 @@ PASSES = [
     # before constant_folding, which would fold each int8 weight's DequantizeLinear into a float copy
     Pass("qdq_fusion", qdq.qdq_fusion, "extended", requires=TYPED, before=("constant_folding",),
          doc=(qdq.qdq_fusion.__doc__ or "").strip(), patterns="minfer_passes.qdq:patterns"),
+    # before qdq_fusion, which would make the group's weight a DequantConv and its Q/DQ pairs roundings
+    Pass("qdq_integer_conv", qdq_exact.qdq_integer_conv, "extended", requires=TYPED, before=("qdq_fusion", "constant_folding"),
+         atol=qdq_exact.STEP, doc=(qdq_exact.qdq_integer_conv.__doc__ or "").strip(),
+         patterns="minfer_passes.qdq_exact:patterns"),
     # before elementwise_fusion, which would take a Relu that this folds into the rounding's bounds
     Pass("qdq_epilogue_fusion", qdq.qdq_epilogue_fusion, "extended", requires=("qdq_fusion",),
          after=("activation_fusion", "conv_residual_fusion", "channel_affine_fusion"), before=("elementwise_fusion",),
