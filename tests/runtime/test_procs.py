@@ -134,15 +134,16 @@ def test_new_shapes_refork_and_match_fresh_engines():
 
 
 def test_outputs_never_alias_the_staged_feed():
-    # y1 is a view of the feed; the shared conv reads the feed, so the engine stages it in shared memory
+    # y1 is a view of the feed; the shared conv reads the feed, so the engine stages it in shared memory (a conv
+    # above minfer-ops-numba's small-conv bound of 4M multiply-adds, whose single unit no team would share)
     rng = np.random.default_rng(0)
-    w = rng.standard_normal((16, 8, 3, 3)).astype(np.float32)
+    w = rng.standard_normal((64, 32, 3, 3)).astype(np.float32)
     nodes = [
         helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
         helper.make_node("ReduceSum", ["c"], ["y2"], keepdims=1),
         helper.make_node("Flatten", ["x"], ["y1"], axis=1),
     ]
-    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 20, 20])
+    x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 20, 20])
     outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, None) for n in ("y1", "y2")]
     sess = minfer_core.InferenceSession(_model(nodes, [x_info], outs, [numpy_helper.from_array(w, "w")]),
                                         threads=2, parallel="processes")
@@ -150,7 +151,7 @@ def test_outputs_never_alias_the_staged_feed():
     before = team.shared_steps
     kept = []
     for k in range(RUNS):
-        x = np.full((1, 8, 20, 20), float(k), np.float32)
+        x = np.full((1, 32, 20, 20), float(k), np.float32)
         y1, _ = sess.run(None, {"x": x})
         kept.append((k, y1))
     for k, y1 in kept:
