@@ -401,17 +401,35 @@ class _HeldB:
         consts = tuple(ctx.constants) + (None,) * (zp_index + 1)
         return None if consts[b_index] is None else cls(consts[b_index], consts[zp_index])
 
-    def product(self, a: np.ndarray, a_zp: np.ndarray | None) -> np.ndarray | None:
-        """(A - a_zp) @ (B - b_zp) as float32 when one float32 GEMM is exact for this A, else None."""
+    def product(self, a: np.ndarray, a_zp: np.ndarray | None, out: np.ndarray | None = None,
+                finish: Finish | None = None) -> np.ndarray | None:
+        """(A - a_zp) @ (B - b_zp) as float32 when one float32 GEMM is exact for this A, else None (``out`` and
+        ``finish``: see `centered_product`)."""
         if self.l1 == np.inf or a.ndim < 2 or (a_zp is not None and np.asarray(a_zp).size != 1) or not a.size:
             return None
         if a.shape[-1] != self.b.shape[0]:
             return None
+        z = np.float32(0 if a_zp is None else np.asarray(a_zp).reshape(-1)[0])
         am = scratch("minfer_ops_basic-int-a", (a.size // a.shape[-1], a.shape[-1]), np.float32)
-        np.copyto(am, a.reshape(am.shape), casting="unsafe")  # a converting copy, then a float subtract
-        if a_zp is not None and np.any(a_zp):
-            np.subtract(am, np.float32(np.asarray(a_zp).reshape(-1)[0]), out=am)
-        widest = max(float(am.max(initial=0.0)), -float(am.min(initial=0.0)))
+        np.subtract(a.reshape(am.shape), z, out=am, dtype=np.float32)  # converted and centered in one pass: exact
+        # an 8-bit A's range bounds |A - a_zp|: the two passes finding its extremes only when that bound is too wide
+        widest = None
+        if a.dtype.kind in "iu" and a.dtype.itemsize == 1:
+            info = np.iinfo(a.dtype)
+            widest = max(abs(float(info.min) - float(z)), abs(float(info.max) - float(z)))
+            widest = widest if widest * self.l1 < EXACT_F32 else None
+        return self.centered_product(am, a.shape[:-1], out, finish, widest)
+
+    def centered_product(self, am: np.ndarray, lead: tuple[int, ...], out: np.ndarray | None = None,
+                         finish: Finish | None = None, widest: float | None = None) -> np.ndarray | None:
+        """(A - a_zp) @ (B - b_zp) as float32 from the 2-D float32 A - a_zp ``am`` (rows ``lead``) when one float32
+        GEMM is exact for it, else None (ScaledMatMulInteger quantizes A straight into such an array, and has the
+        product written into its C-contiguous float32 ``out``, ``finish`` run on each finished part; ``widest``: a
+        bound of max|am| known without reading am (a clip's bounds, an 8-bit type's range), saving two passes)."""
+        if self.l1 == np.inf or am.shape[-1] != self.b.shape[0]:
+            return None
+        if widest is None:
+            widest = max(float(am.max(initial=0.0)), -float(am.min(initial=0.0)))
         if widest * self.l1 >= EXACT_F32:
             return None
         bf = scratch("minfer_ops_basic-int-b", self.b.shape, np.float32)
@@ -419,8 +437,9 @@ class _HeldB:
         if self.zp:
             np.subtract(bf, self.zp, out=bf)
         # the product in scratch too: every caller converts it into its own output at once
-        y = product_into(scratch("minfer_ops_basic-int-y", (am.shape[0], bf.shape[1]), np.float32), am, bf)
-        return y.reshape(a.shape[:-1] + (bf.shape[1],))
+        shape = (am.shape[0], bf.shape[1])
+        y = scratch("minfer_ops_basic-int-y", shape, np.float32) if out is None else out.reshape(shape)
+        return product_into(y, am, bf, finish).reshape(lead + (bf.shape[1],))
 
 
 def _integer_product(a: np.ndarray, b: np.ndarray, a_zp: np.ndarray | None, b_zp: np.ndarray | None) -> np.ndarray:

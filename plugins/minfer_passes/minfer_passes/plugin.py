@@ -15,7 +15,7 @@ from minfer_core import Pass, hookimpl
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
-from . import integer, lookup, qdq, qdq_exact, qdq_ops
+from . import integer, integer_matmul, lookup, qdq, qdq_exact, qdq_ops
 from ._util import fixpoint
 
 
@@ -99,6 +99,13 @@ PASSES = [
     Pass("integer_conv_fusion", integer.integer_conv_fusion, "extended", requires=TYPED,
          after=("constant_folding", "channel_affine_fusion"), doc=(integer.integer_conv_fusion.__doc__ or "").strip(),
          patterns="minfer_passes.integer:patterns"),
+    # DynamicQuantizeLinear -> MatMulInteger -> Cast -> Mul -> Add(bias) (dynamic models' linear layers) in one node:
+    # exact (the property suite holds it to zero tolerance); before the passes that would take its Mul/Add apart
+    Pass("integer_matmul_fusion", integer_matmul.integer_matmul_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "identity_elimination"),
+         before=("elementwise_fusion", "scalar_binary", "weighted_sum_fusion", "activation_fusion", "lookup_fusion",
+                 "matmul_bias_fusion"), rtol=0.0, atol=0.0,
+         doc=(integer_matmul.integer_matmul_fusion.__doc__ or "").strip(), patterns="minfer_passes.integer_matmul:patterns"),
     # last among the fusions: it takes the elementwise chains they leave between quantized layers
     Pass("lookup_fusion", lookup.lookup_fusion, "extended", requires=TYPED,
          after=("constant_folding", "qdq_epilogue_fusion", "elementwise_fusion", "scalar_binary", "weighted_sum_fusion",

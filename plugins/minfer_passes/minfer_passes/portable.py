@@ -33,6 +33,7 @@ from .lookup import expand_lookup
 from .softmax import expand_masked_softmax
 from .ops import ARITY, BASE_OPS
 from .integer import lower_integer
+from .integer_matmul import lower_integer_matmul
 from .qdq_ops import lower_quantized
 
 
@@ -102,6 +103,7 @@ def expand_fused(graph: Graph) -> bool:
     """Replace every ai.minfer node by the standard ops it stands for."""
     changed = lower_quantized(graph)  # first: the fused ops it leaves without their rounding are expanded below
     changed = lower_integer(graph) or changed
+    changed = lower_integer_matmul(graph) or changed
     for node in list(graph.nodes):
         if node.domain == MINFER_DOMAIN and node.op_type in EXPANDERS:
             EXPANDERS[node.op_type](graph, node)
