@@ -53,18 +53,20 @@ class Held:
     group: int
     chunks: tuple[tuple[int, int], ...]
 
-    def centered(self) -> np.ndarray:
-        """w - w_zp as ``dtype``, in this thread's scratch (contents valid until its next call); large weights
-        are converted by the intra-op threads, rows split between them."""
-        wf = scratch(f"minfer_ops_conv-int-w-{self.dtype.char}", self.w.shape, self.dtype)
-        if self.w.size >= SPLIT_WEIGHTS and self.w.shape[0] > 1:
-            parallel_for(self.w.shape[0], lambda lo, hi: self._center(wf, lo, hi))
+    def centered(self, channels: tuple[int, int] | None = None) -> np.ndarray:
+        """w - w_zp as ``dtype`` (only input ``channels`` [lo, hi) when given: a chunk, contiguous), in this thread's
+        scratch (contents valid until its next call); large weights are converted by the intra-op threads, rows
+        split between them."""
+        w = self.w if channels is None else self.w[:, channels[0]:channels[1]]
+        wf = scratch(f"minfer_ops_conv-int-w-{self.dtype.char}", w.shape, self.dtype)
+        if w.size >= SPLIT_WEIGHTS and w.shape[0] > 1:
+            parallel_for(w.shape[0], lambda lo, hi: self._center(w, wf, lo, hi))
         else:
-            self._center(wf, 0, self.w.shape[0])
+            self._center(w, wf, 0, w.shape[0])
         return wf
 
-    def _center(self, wf: np.ndarray, lo: int, hi: int) -> None:
-        np.copyto(wf[lo:hi], self.w[lo:hi], casting="unsafe")  # a converting copy, then a float subtract
+    def _center(self, w: np.ndarray, wf: np.ndarray, lo: int, hi: int) -> None:
+        np.copyto(wf[lo:hi], w[lo:hi], casting="unsafe")  # a converting copy, then a float subtract
         if self.zero is not None:
             zero = self.zero[lo:hi] if self.zero.ndim and self.zero.shape[0] > 1 else self.zero
             np.subtract(wf[lo:hi], zero, out=wf[lo:hi])
@@ -159,12 +161,11 @@ class IntegerConv:
         accumulator ``y`` (exact integers) into ``out[region]``, possibly from several threads at once.
         ``rounding``: x is float32, quantized on the way in (`centered_input`); ``centered``: x is float32 x - x_zp
         already (taken as it is when it is the accumulation's type)."""
-        wf = held.centered()
         reuse = centered and x.dtype == held.dtype
         xc = x if reuse else centered_input(x, x_zero_point, held.dtype, rounding)
         if len(held.chunks) > 1:
-            return self._chunked(xc, wf, held, dtype, finish)
-        p = float_conv.pack(wf, held.group)
+            return self._chunked(xc, held, dtype, finish)
+        p = float_conv.pack(held.centered(), held.group)
         plan, out_shape = self._plan(xc, p)
         out = np.empty((x.shape[0], p.out_channels) + out_shape, dtype)
         if out.size:
@@ -172,12 +173,13 @@ class IntegerConv:
             plan(xc, p, y, None, lambda acc, region: finish(acc, out, region))
         return out
 
-    def _chunked(self, xc: np.ndarray, wf: np.ndarray, held: Held, dtype: np.dtype,
+    def _chunked(self, xc: np.ndarray, held: Held, dtype: np.dtype,
                  finish: Callable[[np.ndarray, np.ndarray, tuple], None]) -> np.ndarray:
-        """One exact float32 conv per input-channel chunk, summed in float64, then ``finish`` on the whole."""
+        """One exact float32 conv per input-channel chunk (its weights centered straight into a contiguous
+        scratch), summed in float64, then ``finish`` on the whole."""
         acc = None
         for lo, hi in held.chunks:
-            p = float_conv.pack(np.ascontiguousarray(wf[:, lo:hi]), 1)
+            p = float_conv.pack(held.centered((lo, hi)), 1)
             part = np.ascontiguousarray(xc[:, lo:hi])
             plan, out_shape = self._plan(part, p)
             y = scratch("minfer_ops_conv-int-y-f", (xc.shape[0], p.out_channels) + out_shape, np.float32)
@@ -319,13 +321,6 @@ def _to_int32(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
     np.copyto(out[region], y[region], casting="unsafe")  # exact integers
 
 
-def _output_scale(x_scale, w_scale, y_scale) -> np.ndarray:
-    """x_scale * w_scale / y_scale in float32 (one per output channel when w_scale is 1-D)."""
-    xs = np.float32(np.asarray(x_scale).reshape(-1)[0])
-    ys = np.float32(np.asarray(y_scale).reshape(-1)[0])
-    return (xs * np.asarray(w_scale, dtype=np.float32).reshape(-1)) / ys
-
-
 def _bias_bound(ctx) -> float:
     """The largest |bias| when the bias is a constant (it joins the exactness bound of the accumulation)."""
     b = ctx.constants[8] if len(ctx.constants) > 8 else None
@@ -340,62 +335,59 @@ def qlinear_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shap
 
 @kernel("FloatQLinearConv", domain=MINFER, since=1, prepare=True, packed=(3, 5))
 def float_qlinear_conv(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
-                       output_quantization=None, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None,
-                       pads=None, strides=None):
+                       output_quantization=None, output_rounding=None, residual_rounding=None, auto_pad="NOTSET",
+                       dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ai.minfer::FloatQLinearConv-1: QLinearConv of QuantizeLinear(X, x_scale, x_zero_point) (``float_input`` 1;
     2: X is already that, centered: QuantizeLinear(X) - x_zero_point as float32), then DequantizeLinear(Y, y_scale,
     y_zero_point) (``float_output``), then ChannelAffine's act(y * S + B) when given S/B (inputs 9, 10) or an
     activation, then with ``output_quantization`` [scale, low, high] clip(rint(y / scale), low, high) (the next
-    conv's QuantizeLinear, centered), all in the conv's input conversion and epilogue: bit for bit the nodes it
+    conv's QuantizeLinear, centered), or with ``output_rounding`` [scale, low, high] clip(rint(y / scale), low, high)
+    * scale (ai.minfer::QuantizeDequantize), then with ``residual_rounding`` [scale, low, high] + Z (input 11, of the
+    output's shape) and that rounding, all in the conv's input conversion and epilogue: bit for bit the nodes it
     stands for (minfer_passes' integer fusion)."""
-    if (activation or len(ctx.input_types) > 9 or output_quantization) and not float_output:
-        raise ValueError(f"{ctx.node_name}: FloatQLinearConv takes S, B, an activation or an output quantization only "
-                         f"with float_output=1")
+    if residual_rounding and not output_rounding:
+        raise ValueError(f"{ctx.node_name}: FloatQLinearConv takes residual_rounding (+ Z, rounded) only after "
+                         f"output_rounding; got output_rounding={output_rounding!r}")
+    if (activation or len(ctx.input_types) > 9 or output_quantization or output_rounding) and not float_output:
+        raise ValueError(f"{ctx.node_name}: FloatQLinearConv takes S, B, an activation, an output quantization or "
+                         f"rounding only with float_output=1")
+    if output_quantization and output_rounding:
+        raise ValueError(f"{ctx.node_name}: FloatQLinearConv takes output_quantization (centered integers) or "
+                         f"output_rounding (grid values), not both; keep one and round the other in its own node")
+    grid = output_quantization or output_rounding
     post = rq.Post(activation or "", rq.bounds(activation or "", activation_params),
-                 tuple(float(v) for v in output_quantization) if output_quantization else None)
+                   tuple(float(v) for v in grid) if grid else None, bool(output_rounding))
+    residual = None
+    if residual_rounding:
+        scale, low, high = (float(v) for v in residual_rounding)
+        residual = (scale, low, high, rq.registered_rounding(ctx, scale, low, high))
     return _qlinear_conv(ctx, int(float_input), bool(float_output), _window_attrs(auto_pad, dilations, pads, strides),
-                         group, post)
+                         group, post, residual)
 
 
 def _qlinear_conv(ctx, float_input: int, float_output: bool, window_attrs: dict, group: int,
-                  post: rq.Post | None = None):
+                  post: rq.Post | None = None, residual: tuple | None = None):
     integer = IntegerConv(window_attrs)
     no_bias = len(ctx.input_types) <= 8 or ctx.input_types[8] is None
     fixed = _build_weights(ctx, 3, 5, group, 0.0 if no_bias else _bias_bound(ctx))
     depthwise = _depthwise(ctx, fixed, integer.attrs, 0)
     quantize, compiled = rq.compiled_steps(ctx, float_input, float_output, post)
+    dtype = np.dtype(np.float32) if float_output else None
+    fixed_steps = rq.fixed_steps(ctx, fixed, float_input, float_output, post, quantize, compiled)
     del ctx
 
-    def run(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, s=None, a=None):
-        held = fixed if fixed is not None else _held(w, w_zero_point, group, 0.0 if b is None else float(2**31))
-        per_channel = _output_scale(x_scale, w_scale, y_scale)
-        zp = np.float32(np.asarray(y_zero_point).reshape(-1)[0])
-        info = np.iinfo(np.asarray(y_zero_point).dtype)
-        ys = np.float32(np.asarray(y_scale).reshape(-1)[0]) if float_output else None
-        rank = x.ndim - 2
-        bias = None if b is None else b.astype(held.dtype).reshape((-1,) + (1,) * rank)
-        scale = per_channel.reshape((-1,) + (1,) * rank) if per_channel.size > 1 else per_channel.reshape(())
-        sv, av = (None if v is None else np.asarray(v, np.float32).reshape((-1,) + (1,) * rank) for v in (s, a))
-        fast = compiled if compiled is not None and held.dtype == np.float32 and len(held.chunks) == 1 else None
-        flat = [rq.frozen(v) for v in (per_channel, bias, sv, av)]
-
-        def finish(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
-            part = y[region]
-            ch = region[1] if len(region) > 1 else slice(None)
-            if fast is not None:  # bias, requantization, dequantization and the affine in one compiled pass
-                fast.fn(part, *(v if v is None or v.size == 1 else v[ch] for v in flat), out=out[region])
-                return
-            if bias is not None:
-                part += bias[ch]  # exact: the bound at build counted the bias
-            rq.requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp, info, ys)
-            if post is not None:
-                post.apply(out[region], None if sv is None else sv[ch], None if av is None else av[ch])
-
-        rounding = rq.rounding_of(x_scale, x_zero_point, quantize) if float_input == 1 else None
-        dtype = np.dtype(np.float32) if float_output else np.asarray(y_zero_point).dtype
+    def run(x, x_scale, x_zero_point, w, w_scale, w_zero_point, y_scale, y_zero_point, b=None, s=None, a=None,
+            z=None):
+        steps = fixed_steps
+        if steps is None:  # parameters computed in the graph: the steps made from this run's values
+            held = fixed if fixed is not None else _held(w, w_zero_point, group, 0.0 if b is None else float(2**31))
+            steps = rq.Steps.of(held, x.ndim, float_input, float_output, post, quantize, compiled,
+                              (x_scale, x_zero_point, w_scale, y_scale, y_zero_point, b, s, a))
+        out_dtype = dtype if dtype is not None else np.asarray(y_zero_point).dtype
         centered = float_input == 2  # x holds QuantizeLinear(x) - x_zero_point already
+        finish = steps.finish if residual is None else rq.plus_residual(steps.finish, z, residual)
         if depthwise is not None:
-            return depthwise(x, None if centered else x_zero_point, dtype, finish, rounding, centered)
-        return integer(x, None if centered else x_zero_point, held, dtype, finish, rounding, centered)
+            return depthwise(x, None if centered else x_zero_point, out_dtype, finish, steps.rounding, centered)
+        return integer(x, None if centered else x_zero_point, steps.held, out_dtype, finish, steps.rounding, centered)
 
     return run

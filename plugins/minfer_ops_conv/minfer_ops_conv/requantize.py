@@ -1,13 +1,14 @@
 """``ai.minfer::Requantize``: an integer conv's input conversion and output epilogue as one elementwise op.
 
 ``Requantize(X, M, [C], [S], [B]; low, high, divide, rounding, out_scale, activation, activation_params, post_scale,
-post_low, post_high)``, X and the result float32, M, C, S, B one value or one per channel (axis 1):
+post_low, post_high, post_dequantize)``, X and the result float32, M, C, S, B one value or one per channel (axis 1):
 
     v = (X + C) * M             (X / M with ``divide``)
     v = rint(clip(v, low, high))  (``rounding``: round half to even; clip first, as the bounds are integers: the same)
     v = v * out_scale           (when out_scale is not 0: DequantizeLinear's (q - zp) * scale, q - zp being v)
     v = act(v * S + B)          (ChannelAffine's float32 operations in its order; act none, Relu or Clip)
     v = clip(rint(v / post_scale), post_low, post_high)   (when post_scale is not 0: the next QuantizeLinear, centered)
+    v = v * post_scale          (``post_dequantize``: its DequantizeLinear too, a QuantizeDequantize rounding)
 
 Each step is the float32 operation of the nodes it stands for, in their order, so the result is theirs bit for bit:
 QLinearConv's requantization (onnxruntime's MLAS: the exact accumulator plus bias, times x_scale * w_scale / y_scale,
@@ -23,7 +24,7 @@ No pass creates the op as a node.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import attrs
 import numpy as np
@@ -62,18 +63,22 @@ def affine_stage(part: np.ndarray, s: np.ndarray | None, b: np.ndarray | None, a
         np.clip(part, clip[0], clip[1], out=part)
 
 
-def quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float) -> None:
-    """clip(rint(part / scale), low, high) in place: QuantizeLinear's float32 division and rounding, centered."""
+def quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float, dequantize: bool = False) -> None:
+    """clip(rint(part / scale), low, high) in place: QuantizeLinear's float32 division and rounding, centered;
+    with ``dequantize`` then times scale (the DequantizeLinear after it: QuantizeDequantize's operations)."""
     np.divide(part, scale, out=part)
     np.rint(part, out=part)
     np.clip(part, np.float32(low), np.float32(high), out=part)
+    if dequantize:
+        np.multiply(part, scale, out=part)
 
 
 @kernel(OP, domain=MINFER, since=1, out=True, views=False)
 def requantize(x, m, c=None, s=None, b=None, *, low=-np.inf, high=np.inf, divide=0, rounding=1, out_scale=0.0,
-               activation="", activation_params=None, post_scale=0.0, post_low=-np.inf, post_high=np.inf, out=None):
+               activation="", activation_params=None, post_scale=0.0, post_low=-np.inf, post_high=np.inf, post_dequantize=0,
+               out=None):
     """ai.minfer::Requantize-1: act(rint(clip((x + c) * m, low, high)) * out_scale * s + b), each step optional,
-    then quantized again on the post grid."""
+    then quantized again on the post grid (and dequantized, with ``post_dequantize``)."""
     if activation not in ACTIVATIONS:
         raise ValueError(f"Requantize: activation {activation!r}; known: none, Relu, Clip")
     m, c, s, b = (_per_channel(v, x.ndim) for v in (m, c, s, b))
@@ -89,7 +94,7 @@ def requantize(x, m, c=None, s=None, b=None, *, low=-np.inf, high=np.inf, divide
         np.multiply(v, np.float32(out_scale), out=v)
     affine_stage(v, s, b, activation, bounds(activation, activation_params))
     if post_scale:
-        quantize_stage(v, np.float32(post_scale), post_low, post_high)
+        quantize_stage(v, np.float32(post_scale), post_low, post_high, bool(post_dequantize))
     if out is None:
         return v
     np.copyto(out, v)
@@ -173,19 +178,21 @@ class Post:
     activation: str
     clip: tuple[np.float32, np.float32]
     grid: tuple[float, float, float] | None = None  # (scale, low, high): the next conv's input quantization
+    dequantize: bool = False  # the grid's values times its scale: a QuantizeDequantize rounding, not centered integers
 
     def apply(self, part: np.ndarray, s: np.ndarray | None, b: np.ndarray | None) -> None:
         """The numpy steps, in place on a dequantized tile (``s``, ``b``: the tile's channels' S and B)."""
         if s is not None or b is not None or self.activation:
             affine_stage(part, s, b, self.activation, self.clip)
         if self.grid is not None:
-            quantize_stage(part, np.float32(self.grid[0]), self.grid[1], self.grid[2])
+            quantize_stage(part, np.float32(self.grid[0]), self.grid[1], self.grid[2], self.dequantize)
 
     def attrs(self) -> dict:
         """As Requantize's attributes."""
         found = {"activation": self.activation, "activation_params": [float(v) for v in self.clip]}
         if self.grid is not None:
-            found.update(post_scale=self.grid[0], post_low=self.grid[1], post_high=self.grid[2])
+            found.update(post_scale=self.grid[0], post_low=self.grid[1], post_high=self.grid[2],
+                         post_dequantize=int(self.dequantize))
         return found
 
 
@@ -262,6 +269,103 @@ def compiled_steps(ctx, float_input: int, float_output: bool, post: Post | None)
             low=float(np.float32(info.min) - zp), high=float(np.float32(info.max) - zp),
             out_scale=float(np.float32(ys.reshape(-1)[0])), **(post.attrs() if post is not None else {}))
     return quantize, epilogue
+
+
+# ---- the QLinearConv kernels' steps (quant.py): made once a node when its parameters are constants ----------
+
+
+def output_scale(x_scale, w_scale, y_scale) -> np.ndarray:
+    """x_scale * w_scale / y_scale in float32 (one per output channel when w_scale is 1-D)."""
+    xs = np.float32(np.asarray(x_scale).reshape(-1)[0])
+    ys = np.float32(np.asarray(y_scale).reshape(-1)[0])
+    return (xs * np.asarray(w_scale, dtype=np.float32).reshape(-1)) / ys
+
+
+def registered_rounding(ctx, scale: float, low: float, high: float) -> Callable[..., np.ndarray] | None:
+    """The registered ai.minfer::QuantizeDequantize kernel (minfer_passes' op; minfer-ops-numba's compiled loop, which
+    runs in place in one pass) for float32 tiles of the node's output, or None when none is installed."""
+    out = ctx.output_types[0] if ctx.output_types else None
+    if out is None or out.dtype != np.float32:
+        return None
+    attrs = {"scale": scale, "low": low, "high": high, "post_scale": 0.0, "post_low": 0.0, "post_high": 0.0}
+    inner = KernelContext(ctx.node_name, "QuantizeDequantize", 1, (out, None, None), (out,), (None, None, None), 1)
+    found = get_registry().select_kernel(MINFER, "QuantizeDequantize", 1, "numpy", inner, attrs)
+    return None if found is None else found.prepared(inner, attrs)
+
+
+def plus_residual(finish: Callable[[np.ndarray, np.ndarray, tuple], None], z: np.ndarray | None,
+                  grid: tuple) -> Callable[[np.ndarray, np.ndarray, tuple], None]:
+    """``finish``, then + Z and QuantizeDequantize on ``grid`` (scale, low, high, its registered kernel or None) on
+    each tile (the Add and the rounding of a quantized residual block's tail, their float32 operations in order)."""
+    scale, rounding = np.float32(grid[0]), grid[3]
+    if z is None:
+        raise ValueError("FloatQLinearConv: residual_rounding needs Z (input 11, of the output's shape); none was given")
+
+    def with_z(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
+        finish(y, out, region)
+        part = out[region]
+        np.add(part, z[region], out=part)
+        if rounding is not None:
+            rounding(part, None, None, out=part)
+        else:
+            quantize_stage(part, scale, grid[1], grid[2], True)
+
+    return with_z
+
+
+def fixed_steps(ctx, held: Any, float_input: int, float_output: bool, post: Post | None,
+                quantize: Compiled | None, compiled: Compiled | None) -> "Steps | None":
+    """The node's `Steps` made once at build when its weights and quantization parameters are constants and its
+    input's rank is known (a quantized model's convs): a run then only converts and convolves."""
+    consts = tuple(ctx.constants) + (None,) * 11
+    types = tuple(ctx.input_types) + (None,) * 11
+    x = types[0]
+    needed = (1, 2, 4, 6, 7) + tuple(i for i in (8, 9, 10) if types[i] is not None)
+    if held is None or x is None or x.shape is None or any(consts[i] is None for i in needed):
+        return None
+    values = tuple(consts[i] for i in (1, 2, 4, 6, 7, 8, 9, 10))
+    return Steps.of(held, len(x.shape), float_input, float_output, post, quantize, compiled, values)
+
+
+@attrs.frozen
+class Steps:
+    """What a FloatQLinearConv/QLinearConv run needs beyond its input: the held weights, the input's rounding and
+    the epilogue (``finish``) with its per-channel operands laid out."""
+
+    held: Any  # quant.Held
+    rounding: tuple | None  # quant.Rounding
+    finish: Callable[[np.ndarray, np.ndarray, tuple], None]
+
+    @staticmethod
+    def of(held: Any, ndim: int, float_input: int, float_output: bool, post: Post | None,
+           quantize: Compiled | None, compiled: Compiled | None, values: tuple) -> "Steps":
+        """The steps for these parameter values: (x_scale, x_zero_point, w_scale, y_scale, y_zero_point, b, s, a)."""
+        x_scale, x_zero_point, w_scale, y_scale, y_zero_point, b, s, a = values
+        per_channel = output_scale(x_scale, w_scale, y_scale)
+        zp = np.float32(np.asarray(y_zero_point).reshape(-1)[0])
+        info = np.iinfo(np.asarray(y_zero_point).dtype)
+        ys = np.float32(np.asarray(y_scale).reshape(-1)[0]) if float_output else None
+        rank = ndim - 2
+        bias = None if b is None else b.astype(held.dtype).reshape((-1,) + (1,) * rank)
+        scale = per_channel.reshape((-1,) + (1,) * rank) if per_channel.size > 1 else per_channel.reshape(())
+        sv, av = (None if v is None else np.asarray(v, np.float32).reshape((-1,) + (1,) * rank) for v in (s, a))
+        fast = compiled if compiled is not None and held.dtype == np.float32 and len(held.chunks) == 1 else None
+        flat = [frozen(v) for v in (per_channel, bias, sv, av)]
+
+        def finish(y: np.ndarray, out: np.ndarray, region: tuple) -> None:
+            part = y[region]
+            ch = region[1] if len(region) > 1 else slice(None)
+            if fast is not None:  # bias, requantization, dequantization and the affine in one compiled pass
+                fast.fn(part, *(v if v is None or v.size == 1 else v[ch] for v in flat), out=out[region])
+                return
+            if bias is not None:
+                part += bias[ch]  # exact: the bound at build counted the bias
+            requantize_into(out[region], part, scale[ch] if scale.ndim else scale, zp, info, ys)
+            if post is not None:
+                post.apply(out[region], None if sv is None else sv[ch], None if av is None else av[ch])
+
+        rounding = rounding_of(x_scale, x_zero_point, quantize) if float_input == 1 else None
+        return Steps(held, rounding, finish)
 
 
 OPS = [op(OP, domain=MINFER, infer=same_as_input(0),

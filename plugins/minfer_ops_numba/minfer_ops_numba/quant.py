@@ -285,13 +285,14 @@ def _rq_affine(out, nl, sc, bc, hs, hb, act, p0, p1):  # pragma: no cover - comp
 
 
 @jit
-def _rq_post(out, nl, ps, plo, phi):  # pragma: no cover - compiled
-    """out = clip(rint(out / ps), plo, phi) in place: the next QuantizeLinear, centered."""
+def _rq_post(out, nl, ps, plo, phi, pq):  # pragma: no cover - compiled
+    """out = clip(rint(out / ps), plo, phi) * pq in place: the next QuantizeLinear, centered (pq 1: an exact identity),
+    or a QuantizeDequantize (pq = ps)."""
     for j in range(nl):
         v = out[uintp(j)] / ps
         v = plo if v < plo else v
         v = phi if v > phi else v
-        out[uintp(j)] = np.rint(v)
+        out[uintp(j)] = np.rint(v) * pq
 
 
 @jit
@@ -300,7 +301,7 @@ def _rq_fused(src, dst, n0, s0, nc, s1, nl, m, c, s, b, rounding, act_lo, act_hi
     * m) * out_scale * s + b) [then the post grid], absent steps as exact identities (+ -0.0, * 1, a clip to
     +-inf: every float, -0.0 and NaN included, comes out as it went in). The loops index src and dst directly:
     a call per channel (numba passes each slice as a new array) cost 1280-channel 7x7 maps 80 us."""
-    low, high, osc, ps, plo, phi = params[0], params[1], params[2], params[5], params[6], params[7]
+    low, high, osc, ps, plo, phi, pq = params[0], params[1], params[2], params[5], params[6], params[7], params[8]
     osc = osc if osc != 0 else np.float32(1)
     hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
     ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
@@ -327,7 +328,7 @@ def _rq_fused(src, dst, n0, s0, nc, s1, nl, m, c, s, b, rounding, act_lo, act_hi
                     v = v / ps
                     v = plo if v < plo else v
                     v = phi if v > phi else v
-                    dst[uintp(base + j)] = np.rint(v)
+                    dst[uintp(base + j)] = np.rint(v) * pq
             else:
                 for j in range(nl):
                     v = (src[uintp(base + j)] + cc) * mc
@@ -342,12 +343,12 @@ def _rq_fused(src, dst, n0, s0, nc, s1, nl, m, c, s, b, rounding, act_lo, act_hi
 def _rq_rows(src, dst, walk, m, c, s, b, params):  # pragma: no cover - compiled
     """dst = act(R((src + c) * m) * out_scale * s + b) over (outer, channel, inner) as ``walk`` gives it (n0, s0, nc,
     s1, nl, then divide, rounding, activation); ``params``: low, high, out_scale, the Clip bounds, then the post grid
-    (scale 0: none). An empty c, s or b is absent; m, c, s, b hold one value or one a channel. Channel row by channel
+    (scale 0: none) and the factor its integers are multiplied by (1, or its scale: a QuantizeDequantize). An empty c, s or b is absent; m, c, s, b hold one value or one a channel. Channel row by channel
     row (in cache), stage by stage."""
     n0, s0, nc, s1, nl = walk[0], walk[1], walk[2], walk[3], walk[4]
     divide, rounding, act = walk[5], walk[6], walk[7]
     low, high, out_scale, p0, p1 = params[0], params[1], params[2], params[3], params[4]
-    post, plo, phi = params[5], params[6], params[7]
+    post, plo, phi, pq = params[5], params[6], params[7], params[8]
     hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
     ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
     zero = np.float32(0)
@@ -367,7 +368,7 @@ def _rq_rows(src, dst, walk, m, c, s, b, params):  # pragma: no cover - compiled
                 sc = s[uintp(ch if ss else 0)] if hs else zero
                 _rq_affine(out, nl, sc, b[uintp(ch if bs else 0)] if hb else zero, hs, hb, act, p0, p1)
             if post != 0:
-                _rq_post(out, nl, post, plo, phi)
+                _rq_post(out, nl, post, plo, phi, pq)
 
 
 def _rq_operand(v: np.ndarray | None) -> np.ndarray:
@@ -391,11 +392,12 @@ def _rq_applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 
 @kernel("Requantize", domain=DOMAIN, priority=PRIORITY, prepare=True, out=True, views=False, applies=_rq_applies)
 def requantize(ctx, *, low=-np.inf, high=np.inf, divide=0, rounding=1, out_scale=0.0, activation="",
-               activation_params=None, post_scale=0.0, post_low=-np.inf, post_high=np.inf):
+               activation_params=None, post_scale=0.0, post_low=-np.inf, post_high=np.inf, post_dequantize=0):
     """ai.minfer::Requantize-1 (float32): minfer-ops-conv's numpy steps in one compiled pass, the same operations."""
     act = RQ_ACTS[activation or ""]
     lo, hi = ([float(v) for v in activation_params or []] + [-np.inf, np.inf])[:2] if act == 2 else (0.0, 0.0)
-    params = readonly(np.asarray([low, high, out_scale, lo, hi, post_scale, post_low, post_high], np.float32))
+    factor = post_scale if post_dequantize else 1.0
+    params = readonly(np.asarray([low, high, out_scale, lo, hi, post_scale, post_low, post_high, factor], np.float32))
     flags = (int(divide), int(rounding), act)
     one = readonly(np.ones(1, np.float32))
     _rq_rows(one, np.ones(1, np.float32), np.asarray((1, 0, 1, 0, 1, *flags), np.int64), one, one, one, one, params)

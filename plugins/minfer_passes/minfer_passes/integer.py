@@ -30,10 +30,14 @@ Then each fused conv's epilogue takes more of what follows it, exactly (the same
 - a FloatQLinearConv's float output read only by another FloatQLinearConv's float input: the first quantizes it
   on the second's input grid (``output_quantization``) and the second reads those centered integers as they are
   (``float_input`` 2), one pass over the tensor fewer;
+- a FloatQLinearConv's float output read only by a ``QuantizeDequantize`` (`qdq`: a QDQ model's rounding before a
+  residual Add or a conv that stays float): that rounding as its last step (``output_rounding``), in the epilogue;
+  then that rounded output's sole reader adding a same-shape float32 ``Z`` (Add, or Sum of two: a residual block's
+  tail) that a QuantizeDequantize alone reads: Z (input 11) and that rounding (``residual_rounding``);
 - the ``DynamicQuantizeLinear`` whose outputs only a ScaledConvInteger reads (the scale through a Mul by a
   constant): the node takes the float input (``dynamic_input``) and quantizes it while centering it.
 
-``--portable`` lowers the nodes back to the ones they stand for (`lower_integer`).
+``--portable`` lowers the nodes back to the ones they stand for (`integer_lower.lower_integer`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ import numpy as np
 
 from minfer_core import Graph, Node
 
-from ._util import MINFER_DOMAIN, add_const, const, fresh, has_kernel
+from ._util import MINFER_DOMAIN, add_const, const, has_kernel, same_shape
+from .qdq_ops import QDQ
 
 FUSED = "FloatQLinearConv"
 SCALED = "ScaledConvInteger"
@@ -101,7 +106,72 @@ def integer_conv_fusion(graph: Graph) -> bool:
     fused = _scaled_convs(graph) or fused
     fused = _affine_epilogues(graph) or fused
     fused = _dynamic_inputs(graph) or fused
-    return _quantized_edges(graph) or fused
+    fused = _quantized_edges(graph) or fused
+    fused = _rounded_outputs(graph) or fused
+    return _residual_tails(graph) or fused
+
+
+def _plain_rounding(graph: Graph, node: Node | None, x: str) -> list[float] | None:
+    """[scale, low, high] of ``node`` when it is a QuantizeDequantize of ``x`` alone, with one grid."""
+    if node is None or node.domain != MINFER_DOMAIN or node.op_type != QDQ or list(node.inputs) != [x]:
+        return None
+    if node.attrs.get("post_scale") or x in graph.outputs:
+        return None
+    return [float(node.attrs["scale"]), float(node.attrs["low"]), float(node.attrs["high"])]
+
+
+def _residual_tails(graph: Graph) -> bool:
+    """A rounded FloatQLinearConv output (``output_rounding``) whose sole reader adds a same-shape float32 Z (Add, or
+    Sum of two) read only by a QuantizeDequantize: Z as input 11, that rounding as ``residual_rounding`` (a
+    quantized residual block's tail, as `qdq` fuses it into a DequantConv). Exact: the epilogue adds Z to each
+    rounded tile and rounds the sum with the nodes' float32 operations (float32 addition commutes)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain != MINFER_DOMAIN or node.op_type != FUSED or "output_rounding" not in node.attrs:
+            continue
+        y = node.outputs[0]
+        add = graph.sole_consumer(y)
+        if "residual_rounding" in node.attrs or y in graph.outputs or add is None or add.domain:
+            continue
+        if add.op_type not in ("Add", "Sum") or len(add.inputs) != 2 or add.inputs[0] == add.inputs[1]:
+            continue
+        z = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        t, tz = graph.type_of(y), graph.type_of(z)
+        if t is None or tz is None or tz.dtype != np.float32 or not same_shape(graph, y, z):
+            continue
+        qd = graph.sole_consumer(add.outputs[0])
+        grid = _plain_rounding(graph, qd, add.outputs[0])
+        if grid is None:
+            continue
+        inputs = (list(node.inputs) + [""] * 11)[:11] + [z]
+        graph.replace([node, add, qd], Node(FUSED, inputs, list(qd.outputs), {**node.attrs, "residual_rounding": grid},
+                                            node.name, MINFER_DOMAIN))  # after Z's producer
+        changed = True
+    return changed
+
+
+def _has_last_step(node: Node) -> bool:
+    """Whether a FloatQLinearConv's epilogue already ends in a rounding (nothing fuses after it)."""
+    return "output_quantization" in node.attrs or "output_rounding" in node.attrs
+
+
+def _rounded_outputs(graph: Graph) -> bool:
+    """A FloatQLinearConv's float output read only by a plain QuantizeDequantize (one input, no second grid): the
+    rounding in the epilogue (``output_rounding`` [scale, low, high]), one node and one pass over the tensor less.
+    Exact: the epilogue computes clip(rint(y / scale), low, high) * scale with the node's float32 operations."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain != MINFER_DOMAIN or node.op_type != FUSED or not node.attrs.get("float_output"):
+            continue
+        y = node.outputs[0]
+        grid = _plain_rounding(graph, graph.sole_consumer(y), y)
+        if _has_last_step(node) or grid is None:
+            continue
+        qd = graph.sole_consumer(y)
+        graph.replace([node, qd], Node(FUSED, node.inputs, list(qd.outputs), {**node.attrs, "output_rounding": grid},
+                                       node.name, MINFER_DOMAIN))
+        changed = True
+    return changed
 
 
 def _quantized_edges(graph: Graph) -> bool:
@@ -128,7 +198,7 @@ def _edge_grid(graph: Graph, node: Node) -> list[float] | None:
         return None
     y = node.outputs[0]
     reader = graph.sole_consumer(y)
-    if "output_quantization" in node.attrs or y in graph.outputs or reader is None or reader.domain != MINFER_DOMAIN:
+    if _has_last_step(node) or y in graph.outputs or reader is None or reader.domain != MINFER_DOMAIN:
         return None
     if reader.op_type != FUSED or reader.attrs.get("float_input") != 1 or reader.inputs.count(y) != 1:
         return None
@@ -213,7 +283,7 @@ def _affine_reader(graph: Graph, node: Node) -> Node | None:
     reading the float output of an integer conv that has no epilogue stage yet."""
     if node.domain != MINFER_DOMAIN or node.op_type not in AFFINE_SLOT or len(node.inputs) > AFFINE_SLOT[node.op_type]:
         return None
-    if node.op_type == FUSED and not node.attrs.get("float_output"):
+    if node.op_type == FUSED and (not node.attrs.get("float_output") or _has_last_step(node)):
         return None
     y = node.outputs[0]
     ca, t = graph.sole_consumer(y), graph.type_of(y)
@@ -304,75 +374,6 @@ def _qlinear_convs(graph: Graph) -> bool:
                                                                           MINFER_DOMAIN))
         changed = True
     return changed
-
-
-def lower_integer(graph: Graph) -> bool:
-    """--portable: each FloatQLinearConv back to [QuantizeLinear ->] QLinearConv [-> DequantizeLinear], each
-    ScaledConvInteger to ConvInteger -> Cast -> Mul."""
-    changed = False
-    for node in list(graph.nodes):
-        if node.domain == MINFER_DOMAIN and node.op_type == SCALED:
-            _lower_scaled(graph, node)
-            changed = True
-        if node.domain != MINFER_DOMAIN or node.op_type != FUSED:
-            continue
-        attrs = dict(node.attrs)
-        # a quantized edge (`_quantized_edges`) lowers to the float value and its reader's QuantizeLinear
-        float_in, float_out = attrs.pop("float_input", 0), attrs.pop("float_output", 0)
-        attrs.pop("output_quantization", None)
-        affine = _lowered_affine(graph, node, attrs, AFFINE_SLOT[FUSED])
-        inputs, new = list(node.inputs[: AFFINE_SLOT[FUSED]]), []
-        while len(inputs) > 8 and not inputs[-1]:
-            inputs.pop()
-        name = node.name or "qlinear_conv"
-        if float_in:
-            xq = fresh(graph, f"{name}_x_quantized")
-            new.append(Node("QuantizeLinear", inputs[:3], [xq], {}, fresh(graph, f"{name}_quantize")))
-            inputs[0] = xq
-        y = fresh(graph, f"{name}_y_quantized") if float_out else node.outputs[0]
-        new.append(Node("QLinearConv", inputs, [y], attrs, node.name, ""))
-        if float_out:
-            f = affine.inputs[0] if affine is not None else node.outputs[0]
-            new.append(Node("DequantizeLinear", [y, inputs[6], inputs[7]], [f], {}, fresh(graph, f"{name}_dequantize")))
-        graph.replace([node], new + ([affine] if affine is not None else []))
-        changed = True
-    return changed
-
-
-def _lowered_affine(graph: Graph, node: Node, attrs: dict, slot: int) -> Node | None:
-    """The ChannelAffine node an integer conv's epilogue stands for (reading a fresh value typed as the output),
-    or None; takes the activation out of ``attrs``."""
-    act, params = attrs.pop("activation", ""), attrs.pop("activation_params", [])
-    if len(node.inputs) <= slot:
-        return None
-    mid = fresh(graph, f"{node.name or node.op_type}_pre_affine")
-    t = graph.type_of(node.outputs[0])
-    if t is not None:
-        graph.types[mid] = t
-    ca_attrs = {"activation": act, "activation_params": list(params)} if act else {}
-    return Node(AFFINE, [mid, *node.inputs[slot : slot + 2]], list(node.outputs), ca_attrs,
-                fresh(graph, f"{node.name or node.op_type}_affine"), MINFER_DOMAIN)
-
-
-def _lower_scaled(graph: Graph, node: Node) -> None:
-    attrs = dict(node.attrs)
-    affine = _lowered_affine(graph, node, attrs, AFFINE_SLOT[SCALED])
-    inputs, scale, new = list(node.inputs[:4]), node.inputs[4], []
-    name = node.name or "conv_integer"
-    if attrs.pop("dynamic_input", 0):  # DynamicQuantizeLinear, and the Mul of its scale by the weight's
-        xq, xs, xz, scale = (fresh(graph, f"{name}_{part}") for part in ("x_quantized", "x_scale", "x_zero_point",
-                                                                            "scale"))
-        new += [Node("DynamicQuantizeLinear", [inputs[0]], [xq, xs, xz], {}, fresh(graph, f"{name}_quantize")),
-                Node("Mul", [xs, node.inputs[4]], [scale], {}, fresh(graph, f"{name}_scales"))]
-        inputs[0], inputs[2] = xq, xz
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    y, f = fresh(graph, f"{name}_int32"), fresh(graph, f"{name}_float")
-    scaled = affine.inputs[0] if affine is not None else node.outputs[0]
-    graph.replace([node], new + [Node("ConvInteger", inputs, [y], attrs, node.name, ""),
-                                 Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
-                                 Node("Mul", [f, scale], [scaled], {}, fresh(graph, f"{name}_scale"))]
-                  + ([affine] if affine is not None else []))
 
 
 # the property suite's target strategy (declared as minfer_passes.integer:patterns)

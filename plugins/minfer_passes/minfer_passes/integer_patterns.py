@@ -12,11 +12,32 @@ from ._util import MINFER_DOMAIN
 
 def patterns() -> Any:
     """The pass's target strategy: Q -> QLinearConv -> DQ (int8 or uint8 activations, random zero points, a bias,
-    per-tensor or per-channel weights, stride 1 or 2), or ConvInteger -> Cast -> Mul by a scalar, each intermediate
-    sometimes read elsewhere or a graph output."""
+    per-tensor or per-channel weights, stride 1 or 2) then another such conv, or a QuantizeDequantize and sometimes
+    a residual Add/Sum rounded again (a QDQ model's block tail); or ConvInteger -> Cast -> Mul by a scalar; each
+    intermediate sometimes read elsewhere or a graph output."""
     from hypothesis import strategies as st
 
     from minfer_core.testing import GraphBuilder
+    from minfer_core.testing.strategies import expose
+
+    def rounding(draw: Any, b: GraphBuilder, value: str) -> str:
+        """ai.minfer::QuantizeDequantize of ``value`` (qdq_fusion's form of a Q -> DQ pair) on a random 8-bit grid."""
+        zp = draw(st.integers(0, 255))
+        scale = draw(st.sampled_from([0.02, 0.05, 0.1]))
+        return b.op("QuantizeDequantize", value, domain=MINFER_DOMAIN, scale=scale, low=float(-zp), high=float(255 - zp))
+
+    def tail(draw: Any, b: GraphBuilder, value: str, shape: tuple[int, ...]) -> str:
+        """A rounding of ``value``, then sometimes + a rounded Z of its shape (Add or Sum) and another rounding."""
+        y = rounding(draw, b, value)
+        if draw(st.booleans()):
+            if draw(st.booleans()):  # each exposure stops the fusion: less often, so that it fires often enough
+                expose(draw, b, y)
+            z = rounding(draw, b, b.input(shape))
+            y = b.op(draw(st.sampled_from(["Add", "Sum"])), *draw(st.permutations([y, z])))
+            if draw(st.booleans()):
+                expose(draw, b, y)
+            y = rounding(draw, b, y)
+        return y
 
     def exposed(draw: Any, b: GraphBuilder, value: str) -> None:
         """`strategies.expose` for an 8-bit value: nothing, another reader (a Cast: no Neg of uint8), or an output."""
@@ -69,7 +90,8 @@ def patterns() -> Any:
         dtype = draw(st.sampled_from([np.uint8, np.int8]))
         c, m, depthwise = draw(st.integers(1, 4)), draw(st.integers(1, 4)), draw(st.booleans())
         m = c if depthwise else m
-        x = b.input((1, c, draw(st.integers(3, 6)), draw(st.integers(3, 6))))
+        h, w_ = draw(st.integers(3, 6)), draw(st.integers(3, 6))
+        x = b.input((1, c, h, w_))
         xs, xz = params(draw, b, dtype)
         xq = b.op("QuantizeLinear", x, xs, xz)
         exposed(draw, b, xq)
@@ -88,7 +110,11 @@ def patterns() -> Any:
         e = affine(draw, b, d, m)
         if e != d:
             exposed(draw, b, d)
-        if draw(st.booleans()):  # a second quantized conv reading it (the edge between two fused convs)
+        after = draw(st.sampled_from(["conv", "tail", "none"]))
+        if after == "tail":  # a QDQ model's rounding (and residual) after the conv
+            expose(draw, b, e)
+            e = tail(draw, b, e, (1, m, (h - 1) // stride + 1, (w_ - 1) // stride + 1))
+        if after == "conv":  # a second quantized conv reading it (the edge between two fused convs)
             exposed(draw, b, e)
             xs2, xz2 = params(draw, b, dtype)
             w2 = b.const(rng.integers(-127, 128, (m, m, 3, 3)).astype(np.int8))

@@ -32,7 +32,7 @@ from .linear import expand_matmul_bias
 from .lookup import expand_lookup
 from .softmax import expand_masked_softmax
 from .ops import ARITY, BASE_OPS
-from .integer import lower_integer
+from .integer_lower import lower_integer
 from .integer_matmul import lower_integer_matmul
 from .qdq_ops import lower_quantized
 

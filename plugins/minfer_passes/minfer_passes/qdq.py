@@ -319,6 +319,9 @@ def _grid_of(node: Node | None) -> tuple[float, float, float] | None:
     if _has_residual(node):
         s, lo, hi = node.attrs["residual_params"]
         return float(s), float(lo), float(hi)
+    if node.op_type == "FloatQLinearConv":  # `integer`'s epilogue roundings: the last one is the output's grid
+        grid = node.attrs.get("residual_rounding") or node.attrs.get("output_rounding")
+        return None if not grid else (float(grid[0]), float(grid[1]), float(grid[2]))
     # a Dequant* node with a second stage ends in that stage: its first activation's grid is not its output's
     slot = "post_activation" if node.op_type in DEQUANT.values() and _has_post(node) else "activation"
     if node.attrs.get(slot) == QDQ:

@@ -302,7 +302,7 @@ OPS = [
 FLOAT_FUSED = ("FusedConv", "FusedGemm", "FusedMatMul", "ChannelAffine")
 
 
-def _qdq_nodes(graph: Graph, x: str, out: str, scale: float, low: float, high: float, name: str) -> list[Node]:
+def qdq_nodes(graph: Graph, x: str, out: str, scale: float, low: float, high: float, name: str) -> list[Node]:
     """QuantizeLinear -> DequantizeLinear (uint8, the zero point that covers [low, high]) [-> Clip to the bounds].
 
     The pair clips to its type's range; bounds narrower than that (a Relu or Clip folded in) clip the
@@ -324,7 +324,7 @@ def _qdq_nodes(graph: Graph, x: str, out: str, scale: float, low: float, high: f
 
 def _stage(graph: Graph, act: str, params: list[float], src: str, out: str, name: str) -> list[Node]:
     if act == QDQ:
-        return _qdq_nodes(graph, src, out, *params, name=name)
+        return qdq_nodes(graph, src, out, *params, name=name)
     return [activation_node(graph, act, params, src, out, name)]
 
 
@@ -413,6 +413,6 @@ def _lower_rounding(graph: Graph, node: Node) -> list[Node]:
         if isinstance(step[1], str):
             nodes.append(Node(step[0], [src, step[1]], [dst], {}, fresh(graph, f"{name}_{step[0].lower()}")))
         else:
-            nodes.extend(_qdq_nodes(graph, src, dst, *step, name=fresh(graph, f"{name}_r{k}")))
+            nodes.extend(qdq_nodes(graph, src, dst, *step, name=fresh(graph, f"{name}_r{k}")))
         src = dst
     return nodes
