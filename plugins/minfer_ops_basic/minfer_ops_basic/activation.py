@@ -148,7 +148,12 @@ def celu(x, *, alpha=1.0):
 
 
 def _leaky_relu(x: np.ndarray, alpha: float, out: np.ndarray | None = None) -> np.ndarray:
-    # max(x, alpha*x) picks x for x >= 0 when alpha <= 1; min does when alpha > 1
+    if not 0 < alpha < math.inf:
+        # the max/min below would be wrong: with alpha 0, +inf's product is NaN; with a negative alpha, -0.0's
+        # product is +0.0, a tie numpy's maximum breaks toward its second operand
+        with np.errstate(invalid="ignore"):
+            return into(out, _apply(x, lambda v: np.where(v >= 0, v, v * scalar(alpha, v))))
+    # max(x, alpha*x) picks x for x >= 0 when 0 < alpha <= 1; min does when alpha > 1
     pick = np.maximum if alpha <= 1 else np.minimum
     if out is None or is_exotic(x.dtype):
         return into(out, _apply(x, lambda v: pick(v, v * scalar(alpha, v))))
