@@ -81,9 +81,20 @@ def _lowered_affine(graph: Graph, node: Node, attrs: dict, slot: int, out: str |
 def _lower_scaled(graph: Graph, node: Node) -> None:
     attrs = dict(node.attrs)
     affine = _lowered_affine(graph, node, attrs, AFFINE_SLOT[SCALED])
+    dynamic = bool(attrs.pop("dynamic_input", 0))
+    scaled = affine.inputs[0] if affine is not None else node.outputs[0]
+    graph.replace([node], lowered_scaled(graph, node, "ConvInteger", attrs, dynamic, scaled, "conv_integer")
+                  + ([affine] if affine is not None else []))
+
+
+def lowered_scaled(graph: Graph, node: Node, op_type: str, attrs: dict, dynamic: bool, out: str,
+                   default_name: str) -> list[Node]:
+    """A scaled integer node (ScaledConvInteger, ScaledMatMulInteger: X, W, x_zero_point, w_zero_point, scale) as
+    ``op_type`` (ConvInteger, MatMulInteger) with ``attrs``, Cast to float32 and Mul by its scale into ``out``; when
+    ``dynamic`` (its ``dynamic_input``), first the DynamicQuantizeLinear of X and the Mul of its scale by input 4."""
     inputs, scale, new = list(node.inputs[:4]), node.inputs[4], []
-    name = node.name or "conv_integer"
-    if attrs.pop("dynamic_input", 0):  # DynamicQuantizeLinear, and the Mul of its scale by the weight's
+    name = node.name or default_name
+    if dynamic:
         xq, xs, xz, scale = (fresh(graph, f"{name}_{part}") for part in ("x_quantized", "x_scale", "x_zero_point",
                                                                             "scale"))
         new += [Node("DynamicQuantizeLinear", [inputs[0]], [xq, xs, xz], {}, fresh(graph, f"{name}_quantize")),
@@ -92,8 +103,6 @@ def _lower_scaled(graph: Graph, node: Node) -> None:
     while inputs and not inputs[-1]:
         inputs.pop()
     y, f = fresh(graph, f"{name}_int32"), fresh(graph, f"{name}_float")
-    scaled = affine.inputs[0] if affine is not None else node.outputs[0]
-    graph.replace([node], new + [Node("ConvInteger", inputs, [y], attrs, node.name, ""),
-                                 Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
-                                 Node("Mul", [f, scale], [scaled], {}, fresh(graph, f"{name}_scale"))]
-                  + ([affine] if affine is not None else []))
+    return new + [Node(op_type, inputs, [y], attrs, node.name, ""),
+                  Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
+                  Node("Mul", [f, scale], [out], {}, fresh(graph, f"{name}_scale"))]

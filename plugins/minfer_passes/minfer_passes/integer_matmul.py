@@ -26,6 +26,7 @@ import numpy as np
 from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, broadcasts_into, const, dims_of, fresh, has_kernel
+from .integer_lower import lowered_scaled
 
 SCALED = "ScaledMatMulInteger"
 
@@ -149,22 +150,10 @@ def lower_integer_matmul(graph: Graph) -> bool:
 
 
 def _lowered(graph: Graph, node: Node) -> list[Node]:
-    inputs, scale, new = list(node.inputs[:4]), node.inputs[4], []
     name = node.name or "matmul_integer"
-    if node.attrs.get("dynamic_input"):  # DynamicQuantizeLinear, and the Mul of its scale by the weight's
-        xq, xs, xz, scale = (fresh(graph, f"{name}_{part}") for part in ("x_quantized", "x_scale", "x_zero_point",
-                                                                            "scale"))
-        new += [Node("DynamicQuantizeLinear", [inputs[0]], [xq, xs, xz], {}, fresh(graph, f"{name}_quantize")),
-                Node("Mul", [xs, node.inputs[4]], [scale], {}, fresh(graph, f"{name}_scales"))]
-        inputs[0], inputs[2] = xq, xz
-    while inputs and not inputs[-1]:
-        inputs.pop()
-    y, f = fresh(graph, f"{name}_int32"), fresh(graph, f"{name}_float")
     bias = node.inputs[5] if len(node.inputs) > 5 and node.inputs[5] else None
     scaled = fresh(graph, f"{name}_scaled") if bias else node.outputs[0]
-    new += [Node("MatMulInteger", inputs, [y], {}, node.name, ""),
-            Node("Cast", [y], [f], {"to": 1}, fresh(graph, f"{name}_cast")),
-            Node("Mul", [f, scale], [scaled], {}, fresh(graph, f"{name}_scale"))]
+    new = lowered_scaled(graph, node, "MatMulInteger", {}, bool(node.attrs.get("dynamic_input")), scaled, name)
     if bias:
         new.append(Node("Add", [scaled, bias], list(node.outputs), {}, fresh(graph, f"{name}_bias")))
     return new
