@@ -7,9 +7,11 @@ MobileNetV2, the transformer block) goes through onnxruntime's quantizer in each
 channel, QOperator, dynamic; static ones calibrated on three random inputs). Per model and format it prints:
 
 - minfer's latency on the quantized model, onnxruntime's on the same quantized model (ORT_ENABLE_ALL, its
-  int8 kernels), and minfer's on the float model: medians of ``--repeat`` runs, the three sessions' runs
-  interleaved (one run of each in turn), so a load change on a shared machine hits all three alike;
+  int8 kernels), and minfer's on the float model: medians of ``--repeat`` runs, the sessions' runs
+  interleaved (one run of each in turn), so a load change on a shared machine hits them all alike;
 - the CPU time of minfer's quantized run against its float run (the ratio a loaded machine disturbs least);
+- onnxruntime's quantized run against its own float run (``ort q/float``, timed in the same turns): what its int8
+  kernels gain on this machine, the yardstick for minfer's ``vs float``;
 - the bytes of the numpy arrays the built minfer engine keeps (its weights as held: initializers, packed copies,
   kernels' constants; `held_array_bytes`) for the quantized and the float model, before any run (the per-run
   scratch a quantized kernel dequantizes a layer's weights into is not counted: one layer's, per thread).
@@ -152,23 +154,26 @@ def bench_model(name: str, formats: Sequence[str], repeat: int, threads: Any, fo
     model.ir_version = bench_models.ORT_IR_VERSION  # the light models say 3, with initializers not among the inputs
     feeds = bench_models.random_feeds(model)
     float_run, float_bytes = minfer_runner(model, threads)
+    ort_float_run = ort_runner(model, threads)
     rows = []
     for fmt in formats:
         qmodel = quantize(model, fmt, feeds, folder / f"{name}-{fmt}", preprocess)
         q_run, q_bytes = minfer_runner(qmodel, threads)
-        ms = interleaved({"minfer": q_run, "ort": ort_runner(qmodel, threads), "float": float_run}, feeds, repeat)
+        # onnxruntime's float model too: its own quantized/float ratio on this machine, the yardstick for ours
+        ms = interleaved({"minfer": q_run, "ort": ort_runner(qmodel, threads), "float": float_run,
+                          "ort_float": ort_float_run}, feeds, repeat)
         rows.append({"model": name, "format": fmt, **ms, "q_mb": q_bytes / 1e6, "float_mb": float_bytes / 1e6})
         print(_line(rows[-1]), flush=True)
     return rows
 
 
 HEADER = (f"{'model':<13} {'format':<10} {'minfer ms':>9} {'ort ms':>8} {'float ms':>8} {'vs ort':>7} {'vs float':>8} "
-          f"{'cpu vs float':>12} {'q MB':>7} {'float MB':>8} {'bytes':>6}")
+          f"{'cpu vs float':>12} {'ort q/float':>11} {'q MB':>7} {'float MB':>8} {'bytes':>6}")
 
 
 def _line(r: dict[str, Any]) -> str:
     return (f"{r['model']:<13} {r['format']:<10} {r['minfer']:>9.2f} {r['ort']:>8.2f} {r['float']:>8.2f} "
-            f"{r['minfer'] / r['ort']:>6.2f}x {r['minfer'] / r['float']:>7.2f}x {r['minfer_cpu'] / r['float_cpu']:>11.2f}x "
+            f"{r['minfer'] / r['ort']:>6.2f}x {r['minfer'] / r['float']:>7.2f}x {r['minfer_cpu'] / r['float_cpu']:>11.2f}x {r['ort'] / r['ort_float']:>10.2f}x "
             f"{r['q_mb']:>7.1f} {r['float_mb']:>8.1f} {r['q_mb'] / r['float_mb']:>5.2f}x")
 
 
