@@ -18,7 +18,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 ort = pytest.importorskip("onnxruntime")
 
 from minfer_core import KernelContext, TensorType  # noqa: E402
-from minfer_ops_numba import depthwise  # noqa: E402
+from minfer_ops_numba import channels, depthwise  # noqa: E402
 from modelkit import make_model, tensor  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
@@ -47,7 +47,8 @@ def onnxruntime_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray, attrs: dict) -
     return sess.run(None, {"x": x})[0]
 
 
-@pytest.mark.parametrize("kern", [depthwise.conv, depthwise.conv_rows], ids=["phase_planes", "row_loops"])
+@pytest.mark.parametrize("kern", [depthwise.conv, depthwise.conv_rows, channels.conv_channels],
+                         ids=["phase_planes", "row_loops", "channel_blocks"])
 @pytest.mark.parametrize("shape, k, s, pads, d", CASES)
 def test_depthwise_gives_onnxruntimes_bits(kern, shape, k, s, pads, d):
     """Each numba depthwise kernel gives onnxruntime's bits, bias included, at strides 1 and 2, pads and dilations."""
