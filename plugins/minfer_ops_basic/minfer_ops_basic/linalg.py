@@ -20,6 +20,7 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 
+from . import streaming
 from .elementwise import arr, into, is_exotic
 
 Region = tuple[slice, ...]
@@ -144,6 +145,8 @@ def _gemm_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, split: tuple[int, in
                finish: Finish | None) -> None:
     """y = a @ b for a 2-D b, with a's (and y's) leading axes merged into the rows of one GEMM."""
     a2, y2 = a.reshape(-1, a.shape[-1]), y.reshape(-1, y.shape[-1])
+    if split is None and streaming.applies(a2, b):
+        split = streaming.split(y, a2, b, y2, _parts)
     if split is None:
 
         def whole_gemm() -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any, Callable
 
 import numpy as np
@@ -32,18 +34,15 @@ def _extreme(dtype: np.dtype, lowest: bool) -> Any:
 
 
 def _sum(x, axes, keep):
-    return np.sum(x, axis=axes, keepdims=keep, dtype=_acc(x))
+    fast = _rows_plan(x.shape, x.dtype, axes, keep, False) if axes is not None and x.size else None
+    return fast(x) if fast is not None else np.sum(x, axis=axes, keepdims=keep, dtype=_acc(x))
 
 
 def _mean(x, axes, keep):
+    fast = _rows_plan(x.shape, x.dtype, axes, keep, True) if axes is not None and x.size else None
+    if fast is not None:  # axes given at run time: the product all the same (the planned kernels reuse theirs)
+        return fast(x)
     acc = np.float64 if x.dtype.kind in "iu" else _acc(x)
-    n = x.ndim - len(axes) if axes is not None else 0
-    if x.dtype in (np.float32, np.float64) and axes == tuple(range(n, x.ndim)) and 0 < n and x.size and x.flags.c_contiguous:
-        # the trailing axes (a global average pool's H, W): one matrix-vector product, where numpy's reduction
-        # over short rows is ~7x slower (1x960x7x7: 46 against 6 us)
-        rows = x.reshape(-1, int(np.prod(x.shape[n:])))
-        y = rows @ np.full(rows.shape[1], 1 / rows.shape[1], x.dtype)
-        return y.reshape(x.shape[:n] + ((1,) * (x.ndim - n) if keep else ()))
     return np.mean(x, axis=axes, keepdims=keep, dtype=acc)
 
 
@@ -117,9 +116,91 @@ def _reduce_kernels(op_type: str, fn: Reducer, input_since: int) -> list:
     ]
 
 
+# --- sums and means over trailing axes: one BLAS matrix-vector product ----------------------------------
+
+# rows of at most this many cells: numpy's reduction costs ~0.2 us a row on short rows (mobilenet_v3_large's head,
+# a 1x960x7x7 mean, took 66 us in a run, 14 with the product with a vector of 1/49), and BLAS's few running sums
+# stay within float32 rounding of numpy's pairwise one over rows this short
+ROW_CELLS = 4096
+# a node meeting more input shapes than this (dynamic dims) starts its plans afresh: they hold a vector each
+MAX_PLANS = 64
+
+
+def _rows_plan(shape: tuple[int, ...], dtype: np.dtype, axes: tuple[int, ...], keep: bool, mean: bool):
+    """``run(x)``: the sum (mean) of x over ``axes`` as x's rows against a vector of ones (1/count), or None
+    unless the axes are x's trailing ones, short enough, of a BLAS float dtype, with rows to keep."""
+    lead = len(shape) - len(axes)
+    if dtype not in (np.float32, np.float64) or axes != tuple(range(lead, len(shape))) or lead == 0:
+        return None
+    rows, cols = math.prod(shape[:lead]), math.prod(shape[lead:])
+    if not rows or not 0 < cols <= ROW_CELLS:
+        return None
+    weights = np.full(cols, 1 / cols if mean else 1, dtype)
+    out_shape = shape[:lead] + ((1,) * len(axes) if keep else ())
+
+    def run(x: np.ndarray) -> np.ndarray:
+        return np.matmul(x.reshape(rows, cols), weights).reshape(out_shape)
+
+    return run
+
+
+def _normalized(axes: Any, rank: int) -> tuple[int, ...]:
+    return tuple(sorted({int(a) % max(rank, 1) for a in axes}))
+
+
+def _planned(fn: Reducer, mean: bool, keepdims: int, fixed_axes: tuple[int, ...]) -> Callable[..., np.ndarray]:
+    """The run callable of a sum or mean whose axes are known at build (``fixed_axes``; () is every axis):
+    a plan per input shape and dtype, the BLAS product where `_rows_plan` applies, else numpy's reduction."""
+    plans: dict[tuple, Callable[[np.ndarray], np.ndarray]] = {}
+
+    def run(data: np.ndarray, axes: Any = None) -> np.ndarray:
+        plan = plans.get((data.shape, data.dtype))
+        if plan is None:
+            if len(plans) >= MAX_PLANS:
+                plans.clear()
+            plan = plans[(data.shape, data.dtype)] = _plan_for(fn, mean, data, keepdims, fixed_axes)
+        return plan(data)
+
+    return run
+
+
+def _plan_for(fn: Reducer, mean: bool, x: np.ndarray, keepdims: int, fixed_axes: tuple[int, ...]):
+    """x's shape's plan: `_rows_plan`'s product when it applies, else numpy's reduction as `_reduce` makes it."""
+    axes = _normalized(fixed_axes, x.ndim) if fixed_axes else tuple(range(x.ndim))
+    fast = _rows_plan(x.shape, x.dtype, axes, bool(keepdims), mean) if x.size else None
+    if fast is not None:
+        return fast
+    return lambda data: _reduce(fn, data, axes if fixed_axes else None, keepdims)  # (finds no product either)
+
+
+def _blas_kernels(op_type: str, fn: Reducer, input_since: int, mean: bool) -> list:
+    """`_reduce_kernels` for ReduceSum and ReduceMean, planned per node and input shape when the axes are
+    constant (as exporters write them), so that the trailing-axes case skips numpy's reduction."""
+    generic = _reduce_kernels(op_type, fn, input_since)[0].fn
+
+    def with_input(ctx, *, keepdims=1, noop_with_empty_axes=0):
+        constant = ctx.constants[1] if len(ctx.constants) > 1 else None
+        if constant is None:  # axes computed at run time, or omitted: numpy's reduction, as it comes
+            return functools.partial(generic, keepdims=keepdims, noop_with_empty_axes=noop_with_empty_axes)
+        axes = tuple(np.asarray(constant).ravel().tolist())
+        if not axes and noop_with_empty_axes:
+            return lambda data, axes=None: data
+        return _planned(fn, mean, keepdims, axes)
+
+    def with_attr(ctx, *, axes=None, keepdims=1):
+        return _planned(fn, mean, keepdims, tuple(axes or ()))
+
+    for f, since, doc in ((with_input, input_since, "axes as an optional input; empty means all, or none if "
+                           "noop_with_empty_axes."), (with_attr, 1, "axes as an attribute; absent means all.")):
+        f.__name__ = f.__qualname__ = f"{op_type}_{since}"
+        f.__doc__ = f"{op_type}-{since}: {doc}"
+    return [kernel(op_type, since=input_since, prepare=True)(with_input),
+            kernel(op_type, since=1, prepare=True)(with_attr)]
+
+
 KERNELS: list = []  # records made by factories below; kernels_in finds the decorated ones by themselves
-KERNELS += _reduce_kernels("ReduceSum", _sum, 13)
-KERNELS += _reduce_kernels("ReduceMean", _mean, 18)
+KERNELS += _blas_kernels("ReduceSum", _sum, 13, mean=False)
+KERNELS += _blas_kernels("ReduceMean", _mean, 18, mean=True)
 KERNELS += _reduce_kernels("ReduceMax", _max, 18)
 KERNELS += _reduce_kernels("ReduceMin", _min, 18)
 KERNELS += _reduce_kernels("ReduceProd", _prod, 18)

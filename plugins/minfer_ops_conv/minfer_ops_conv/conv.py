@@ -366,10 +366,47 @@ def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None
     """The method for this weight and input geometry, chosen once per shape (by timing, when several apply)."""
     plans = candidates(w, p, channels)
     key = f"conv|{w}|{p.out_channels}x{channels}/{p.group}"
-    return plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled, key)
+    plan = plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled, key)
+    return _one_gemm(w, p, plan) if _small_pointwise(w, p) else plan
+
+
+def _small_pointwise(w: geo.Window, p: Packed) -> bool:
+    """A one-group 1x1 conv, stride 1, no pads, on a map of at most `SMALL_MAP` cells (squeeze-excite's 1x1)."""
+    return (p.group == 1 and all(k == 1 for k in p.kernel) and not w.padded and all(s == 1 for s in w.strides)
+            and math.prod(w.out_shape) <= SMALL_MAP)
+
+
+def _one_gemm(w: geo.Window, p: Packed, batches: Plan) -> Plan:
+    """One image of a `_small_pointwise` conv as W @ x, + bias, then the epilogue on all of y, straight from the
+    call: no tuner, tiling or scratch, and no bias row to copy x above (`_whole_image` without what surrounds it).
+    Measured alone, a squeeze-excite 576 -> 144 conv + Relu took 7.0 -> 5.9 us (the bare GEMM, add and Relu: 5.6),
+    144 -> 576 8.3 -> 6.6; in mobilenet_v3_small's runs without numba its SE convs took 25-35% less. Batches go
+    to ``batches`` (the tuned methods)."""
+    cells = math.prod(w.out_shape)
+    region = (slice(0, 1), slice(0, p.out_channels), slice(0, w.out_shape[0]))
+
+    def run(x: np.ndarray, p: Packed, y: np.ndarray, bias: np.ndarray | None, epilogue: Epilogue | None) -> None:
+        if x.shape[0] != 1:
+            batches(x, p, y, bias, epilogue)
+            return
+        out = y.reshape(p.out_channels, cells)
+        src = x.reshape(x.shape[1], cells)
+
+        def whole(lo: int, hi: int) -> None:
+            np.matmul(p.matrix[0], src, out=out)
+            if bias is not None:
+                np.add(out, bias.reshape(p.out_channels, 1), out=out)
+            if epilogue is not None:
+                epilogue(y, region)
+
+        parallel_for(1, whole, parts=1, outputs_only=True)  # one range: one process of a team computes it
+
+    run.batches = batches  # type: ignore[attr-defined]
+    return run
 
 
 def _uses_winograd(plan: Plan) -> bool:
+    plan = getattr(plan, "batches", plan)
     chosen = plan.chosen if isinstance(plan, Tuned) else [plan]
     return any(getattr(c, "winograd", False) for c in chosen)
 
