@@ -62,10 +62,11 @@ def infer_runtime(
     """Types of every value when the graph inputs have the concrete types ``inputs``.
 
     Only nodes downstream of an input whose type differs from its build-time
-    type are re-inferred through the op schemas; the rest keep their
-    build-time types. Returns (types, {node label: reason} for failures);
-    a value whose type could not be inferred is absent. ``protos``: the nodes
-    exported for onnx, kept by the caller between calls (the nodes of ``order`` must not change meanwhile).
+    type are re-inferred: through a standard op's ``infer=`` when its plugin
+    declares one, else the op schemas. Returns (types, {node label: reason}
+    for failures); a value whose type could not be inferred is absent.
+    ``protos``: the nodes exported for onnx, kept by the caller between calls
+    (the nodes of ``order`` must not change meanwhile).
     """
     types: dict[str, TensorType] = {}
     changed = {n for n, t in inputs.items() if graph.types.get(n) != t}
@@ -79,32 +80,17 @@ def infer_runtime(
     failures: dict[str, str] = {}
     for node in order:
         if any(n in changed for n in node.inputs if n):
-            _reinfer(graph, node, registry, known, type_of, types, failures, protos)
             changed.update(o for o in node.outputs if o)
+            try:  # fast: a standard op's infer= first
+                out = _infer_node(graph, node, registry, known, type_of, protos, True)
+            except Exception as exc:  # advisory: the value is then allocated by its kernel at run time
+                failures[node.label] = f"{type(exc).__name__}: {exc}"
+                out = []
+            types.update((name, t) for name, t in zip(node.outputs, out) if name and t is not None)
         else:
             types.update((o, graph.types[o]) for o in node.outputs if o and o in graph.types)
         _propagate_constant(graph, node, known, type_of)
     return types, failures
-
-
-def _reinfer(
-    graph: Graph,
-    node: Node,
-    registry: Registry,
-    known: dict[str, np.ndarray],
-    type_of: Callable[[str], TensorType | None],
-    types: dict[str, TensorType],
-    failures: dict[str, str],
-    protos: dict[int, onnx.NodeProto] | None,
-) -> None:
-    try:
-        out = _infer_node(graph, node, registry, known, type_of, protos)
-    except Exception as exc:  # advisory: the value is then allocated by its kernel at run time
-        failures[node.label] = f"{type(exc).__name__}: {exc}"
-        return
-    for name, t in zip(node.outputs, out):
-        if name and t is not None:
-            types[name] = t
 
 
 def _merge(declared: TensorType | None, inferred: TensorType) -> TensorType:
@@ -123,11 +109,14 @@ def _infer_node(
     known: dict[str, np.ndarray],
     type_of: Callable[[str], TensorType | None],
     protos: dict[int, onnx.NodeProto] | None = None,
+    fast: bool = False,
 ) -> list[TensorType | None]:
     in_types = [type_of(n) if n else None for n in node.inputs]
     opdef = registry.op_def(node.domain, node.op_type)
-    if opdef is not None and opdef.infer is not None:
-        return _custom_infer(node, opdef, in_types)
+    if opdef is not None and opdef.infer is not None and (fast or not opdef.standard):
+        out = _custom_infer(node, opdef, in_types)
+        if out is not None:  # a standard op's infer= is a fast path: None leaves the node to its schema
+            return out
     opset = graph.opsets.get(node.domain)
     if opset is None or not onnx.defs.has(node.op_type, node.domain):
         return [None] * len(node.outputs)
@@ -162,11 +151,12 @@ def _opset_ids(opsets: tuple[tuple[str, int], ...]) -> list[onnx.OperatorSetIdPr
     return [helper.make_opsetid(d, v) for d, v in opsets]
 
 
-def _custom_infer(node: Node, opdef: OpDef, in_types: list[TensorType | None]) -> list[TensorType | None]:
+def _custom_infer(node: Node, opdef: OpDef, in_types: list[TensorType | None]) -> list[TensorType | None] | None:
     """A plugin's ``infer=``: what it raises is the plugin's bug or the node's fault, named either way."""
     assert opdef.infer is not None
     try:
-        return list(opdef.infer(*in_types, **node.attrs))
+        out = opdef.infer(*in_types, **node.attrs)
+        return None if out is None and opdef.standard else list(out)
     except Exception as exc:
         raise ShapeInferenceError(
             f"{node.label}: the infer= of op {opdef.op_type} from plugin {opdef.plugin!r} raised "

@@ -223,10 +223,11 @@ class OpDef:
     """An operator a plugin makes known: its identity, arity and shape/dtype inference.
 
     Standard ONNX operators are claimed with `onnx_op`, which reuses onnx's own
-    schema (attributes, defaults, shape inference, function body). Custom ops in
-    a plugin's own domain are declared with `op` and bring their own ``infer``:
-    a function of the input TensorTypes (keyword attributes follow) that returns
-    the output TensorTypes.
+    schema (attributes, defaults, shape inference, function body); an ``infer``
+    there is a fast path for a new input shape's run, returning None where
+    the schema's inference is needed. Custom ops in a plugin's own domain are
+    declared with `op` and bring their own ``infer``: a function of the input
+    TensorTypes (keyword attributes follow) that returns the output TensorTypes.
     """
 
     op_type: str
@@ -256,6 +257,6 @@ def op(op_type: str, *, domain: str, since: int = 1, infer: InferFn | None = Non
     return OpDef(op_type, domain, since, infer or same_as_input(0), standard=False, doc=doc)
 
 
-def onnx_op(*op_types: str, domain: str = "") -> list[OpDef]:
-    """Claim standard ONNX operators; their schemas come from ``onnx.defs``."""
-    return [OpDef(t, domain, 1, None, standard=True) for t in op_types]
+def onnx_op(*op_types: str, domain: str = "", infer: InferFn | None = None) -> list[OpDef]:
+    """Claim standard ONNX operators; their schemas come from ``onnx.defs`` (``infer``: a fast path, see `OpDef`)."""
+    return [OpDef(t, domain, 1, infer, standard=True) for t in op_types]

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from minfer_core import hookimpl, kernels_in, onnx_op
+from minfer_core import hookimpl, kernels_in
 
-from . import conv, conv_transpose, deform, norm, pool, qlinear, quant, resize, roi, spatial
+from . import conv, conv_transpose, deform, fastinfer, norm, pool, qlinear, quant, resize, roi, spatial
 
 MODULES = (conv, conv_transpose, deform, pool, norm, quant, qlinear, resize, roi, spatial)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
@@ -13,7 +13,7 @@ KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 @hookimpl
 def register_ops(register):
     # the ops claimed are those this plugin has kernels for (minfer_provides.json declares the same list)
-    register(onnx_op(*sorted({k.op_type for k in KERNELS if k.domain == ""})))
+    register(fastinfer.claim(sorted({k.op_type for k in KERNELS if k.domain == ""})))  # Conv and the pools: with a fast infer=
     register(*qlinear.OPS)  # onnxruntime's com.microsoft ops: not in onnx.defs, so declared with their inference
 
 

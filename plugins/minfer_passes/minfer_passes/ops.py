@@ -331,6 +331,11 @@ def _from_proto(tp: onnx.TypeProto) -> TensorType | None:
 def _infer_as(base: str) -> Callable[..., list[TensorType | None]]:
     def infer(*types: TensorType | None, activation: str = "", activation_params: Any = None, **attrs: Any) -> list:
         types = types[:ARITY[base]]  # FusedConv's Z has the output's shape: it changes nothing
+        # the base op's fast infer= (a new input shape's run), found as its kernel is: through the registry
+        standard = get_registry().op_def("", base)
+        fast = None if standard is None or standard.infer is None else standard.infer(*types, **attrs)
+        if fast is not None:
+            return list(fast)
         # an omitted optional input (FusedConv without B) has no type: onnx's node reads it as ""
         names = [f"i{i}" if t is not None else "" for i, t in enumerate(types)]
         while names and not names[-1]:
