@@ -76,25 +76,18 @@ def place(blocks: Sequence[Block]) -> tuple[dict[int, int], int]:
     already-placed, time-overlapping blocks that holds it (best fit), else
     above them all; the order giving the smallest arena wins.
     """
-    best: tuple[dict[int, int], int] | None = None
-    for order in ORDERS:
-        offsets, top = _place_in_order(sorted(blocks, key=order))
-        if best is None or top < best[1]:
-            best = (offsets, top)
-    return best if best is not None else ({}, 0)
+    return min((_place_in_order(sorted(blocks, key=order)) for order in ORDERS), key=lambda placed: placed[1])
 
 
 def _place_in_order(blocks: Sequence[Block]) -> tuple[dict[int, int], int]:
-    placed: list[Block] = []
-    offsets: dict[int, int] = {}
+    placed: list[tuple[int, int, int, int]] = []  # per block: start, end, offset, aligned size
     top = 0
     for b in blocks:
         size = align(b.size)
-        busy = sorted((offsets[p.key], align(p.size)) for p in placed if p.start <= b.end and b.start <= p.end)
-        offsets[b.key] = _best_gap(busy, size)
-        top = max(top, offsets[b.key] + size)
-        placed.append(b)
-    return offsets, top
+        busy = sorted((off, n) for start, end, off, n in placed if start <= b.end and b.start <= end)
+        placed.append((b.start, b.end, _best_gap(busy, size), size))
+        top = max(top, placed[-1][2] + size)
+    return {b.key: p[2] for b, p in zip(blocks, placed)}, top
 
 
 def _best_gap(busy: list[tuple[int, int]], size: int) -> int:

@@ -25,6 +25,7 @@ other branch reads that).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
@@ -75,7 +76,7 @@ class Plan:
     steps: list[PendingStep]
     buffers: dict[int, tuple[int, tuple[int, ...], np.dtype]]  # slot -> (offset, shape, dtype) in the arena
     arena_bytes: int
-    report: dict[str, Any]
+    report: Callable[[], dict[str, Any]]  # the numbers `Engine.memory_report` shows, worked out when it asks
 
 
 @attrs.define
@@ -93,7 +94,7 @@ class PlanInput:
 
 
 def _nbytes(shape: tuple[int, ...], dtype: np.dtype) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    return math.prod(shape) * dtype.itemsize  # ints: np.prod converts the tuple to an array first (~5x dearer)
 
 
 def _last_use(specs: Sequence[StepSpec], outputs: frozenset[int]) -> dict[int, int]:
@@ -239,10 +240,10 @@ def _finish(
         if outs_bound[i] not in physical or sets.find(outs_bound[i]) in tainted:
             del outs_bound[i]
     n = len(inp.specs)
-    full = plan_arena(blocks, n + 1, sum(b.size for b in blocks) + reused)
     real = plan_arena(arena_blocks, n + 1, sum(b.size for b in arena_blocks))
     buffers = {s: (real.offsets[s], roots[s][1], roots[s][2]) for s in physical}
-    report = _report(full, real, len(blocks), len(arena_blocks), len(inplace_steps & set(outs_bound)))
+    # every buffer's plan (outputs too) is only reported: placed when asked, not in a new shape's first run
+    report = functools.partial(_report, blocks, reused, n + 1, real, len(arena_blocks), len(inplace_steps & set(outs_bound)))
     steps_ = [_bound_step(spec, outs_bound.get(i), inp.free_after[i], joined.get(i, frozenset()))
               for i, spec in enumerate(inp.specs)]
     return Plan(steps_, buffers, real.arena_bytes, report)
@@ -313,13 +314,14 @@ def bind_buffers(plan: Plan, arena: np.ndarray) -> list[Step]:
     return bound
 
 
-def _report(full: ArenaPlan, real: ArenaPlan, buffers: int, arena_backed: int, inplace: int) -> dict[str, Any]:
+def _report(blocks: list[Block], reused: int, steps: int, real: ArenaPlan, arena_backed: int, inplace: int) -> dict[str, Any]:
+    full = plan_arena(blocks, steps, sum(b.size for b in blocks) + reused)
     return {
         "arena_bytes": full.arena_bytes,
         "naive_bytes": full.naive_bytes,
         "live_set_bytes": full.live_set_bytes,
         "arena_over_live_set": round(full.arena_bytes / full.live_set_bytes, 4) if full.live_set_bytes else 1.0,
-        "buffers": buffers,
+        "buffers": len(blocks),
         "allocated_arena_bytes": align(real.arena_bytes),
         "arena_backed_buffers": arena_backed,
         "inplace_steps": inplace,

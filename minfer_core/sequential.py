@@ -115,7 +115,7 @@ class PlanCache:
         """The last run's plan numbers (`Engine.memory_report`)."""
         if self.last is None:
             raise MinferError("memory_report needs a plan: call run() once (or pass feeds) first")
-        return dict(self.plans[self.last].report, steps=len(self.program.specs), scratch_bytes=scratch_bytes())
+        return dict(self.plans[self.last].report(), steps=len(self.program.specs), scratch_bytes=scratch_bytes())
 
 
 class SequentialExecutor:
