@@ -86,22 +86,24 @@ class ChoiceStore:
         return data
 
 
-_STORES: dict[Path, ChoiceStore] = {}
+_STORES: dict[str, ChoiceStore] = {}  # by MINFER_CACHE's value: a first run asks per node, and a Path costs ~10 us
 
 
 def store() -> ChoiceStore:
     """The choice store of this machine in the cache folder (``MINFER_CACHE``, default ``~/.cache/minfer``)."""
-    folder = Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer")
-    path = folder / f"tuning-{fingerprint()}.jsonl"
-    return _STORES.get(path) or _STORES.setdefault(path, ChoiceStore(path))  # the file is read once per process
+    folder = os.environ.get("MINFER_CACHE") or ""
+    return _STORES.get(folder) or _STORES.setdefault(folder, ChoiceStore(  # the file is read once per process
+        Path(folder or Path.home() / ".cache" / "minfer") / f"tuning-{fingerprint()}.jsonl"))
 
 
-def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> int:
+def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], prior: str | None = None) -> int:
     """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored.
 
     ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
     its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key
     first met in a later run of a shape, as when the thread count changes) it is 0.
+    ``prior``: the name an earlier input shape of the same node chose; when it
+    wins the first round again, that round decides (a new shape times less).
     """
     if len(names) < 2 or not enabled():
         return 0
@@ -113,6 +115,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float]) -> 
         return 0
     best = [float("inf")] * len(names)
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
+        if r and names[best.index(min(best))] == prior:
+            break
         for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best)][:: 1 - 2 * (r % 2)]:
             best[i] = min(best[i], time_one(i))
     win = best.index(min(best))
@@ -137,14 +141,19 @@ class Choice:
     def __init__(self, key: str, names: list[str], fns: list[Callable[..., Any]]) -> None:
         self.key, self.names, self.fns = key, names, fns
         self._chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
+        self._prior: str | None = None  # the name the last new input shapes chose: the next ones' `choose` prior
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if len(self._chosen) == 1 and STEADY.get():  # one shape met (in first runs): skip the 1.6 us key
+            return next(iter(self._chosen.values()))(*args, **kwargs)  # (any candidate computes any shape)
         shapes = tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else None for a in args)
         fn = self._chosen.get(shapes)
         if fn is None:
             trial = {**kwargs, "epilogue": None} if "epilogue" in kwargs else kwargs
             key = f"{self.key}|{shapes}|threads={intra_op_threads()}"
-            fn = self._chosen[shapes] = self.fns[choose(key, self.names, lambda i: seconds(self.fns[i], *args, **trial))]
+            won = choose(key, self.names, lambda i: seconds(self.fns[i], *args, **trial), self._prior)
+            fn = self._chosen[shapes] = self.fns[won]
+            self._prior = self.names[won]
         return fn(*args, **kwargs)
 
 

@@ -80,6 +80,31 @@ def test_no_timing_in_a_later_run_of_a_shape():
     assert tuning.choose("later", ["a", "b"], time_one) == 1  # the next first run times it
 
 
+def test_a_choice_keeps_one_candidate_per_shape_in_later_runs(monkeypatch):
+    """A Choice's later runs call the candidate chosen for their shapes, also after a second shape was met
+    (its short path for a node that met one shape must not hide the second)."""
+    calls = []
+    fns = [lambda x, name=name: calls.append((name, x.shape)) for name in ("a", "b")]
+    choice = tuning.Choice("node", ["a", "b"], fns)
+    # the timing finds "b" faster on the one-element input, "a" on the two-element one
+    monkeypatch.setattr(tuning, "choose", lambda key, names, time_one, prior=None: 1 if "(1,)" in key else 0)
+    small, big = np.zeros(1), np.zeros(2)
+    choice(small)
+    token = tuning.STEADY.set(True)
+    try:
+        choice(small)
+        assert calls[-1] == ("b", (1,))
+    finally:
+        tuning.STEADY.reset(token)
+    choice(big)  # a new shape's first run
+    token = tuning.STEADY.set(True)
+    try:
+        choice(small), choice(big)
+    finally:
+        tuning.STEADY.reset(token)
+    assert calls[-2:] == [("b", (1,)), ("a", (2,))]
+
+
 def test_tuning_off_takes_the_first(monkeypatch, cache):
     """MINFER_TUNE=0: the first candidate (the highest priority), nothing timed or stored."""
     monkeypatch.setenv("MINFER_TUNE", "0")

@@ -54,7 +54,7 @@ class ThreadsExecutor(SequentialExecutor):
         self.auto = AutoThreads() if self.threads == "auto" else None
         most = usable_cpus() if self.threads == "auto" else self.threads or 1
         self.pool = self._acquire(most) if most > 1 else None
-        if self.pool is not None:
+        if self.threads is not None:  # every run sets BLAS's threads then (threads=1 too): found at build
             get_blas_threads()  # finds the BLAS (threadpoolctl: 20-30 ms, once per process) at build, not in a run
         self.deps = producers([sp.ins for sp in program.specs], [sp.outs for sp in program.specs])
         self.branchy = _branchy(self.deps)
