@@ -1,0 +1,357 @@
+"""ai.minfer::FloatQLinearConv and ScaledConvInteger on `igemm`'s exact 8-bit GEMM (AVX-512 VNNI).
+
+minfer-ops-conv's kernels center the 8-bit operands into float32 and run the float conv's sgemm on them (exact
+below 2**24; past it by input-channel chunks summed in float64), then an epilogue on each tile. Here the input
+becomes 8 bits (QuantizeLinear's float32 division, clip and rint as the numpy kernel's compiled input step, or
+DynamicQuantizeLinear's, then + x's zero point; an 8-bit input as it is) and the conv is igemm's integer product
+(qconv_gemm.py: the weight as given is A, held once; the image or its 8-bit im2col is B). Its exact sums go to
+the epilogue the numpy kernel would run, with the same operands: the compiled ``Requantize`` (minfer-ops-numba's
+quant.py) on float32 sums, or, where the numpy kernel sums in float64 chunks, its numpy steps (`Steps`), then
+FloatQLinearConv's residual Add and rounding: the numpy kernel's bits. A NaN input (no 8-bit value) gives NaN
+where a window holds it, as the float conv does.
+
+Measured on one thread of this machine (loaded): resnet50's convs 1.3-3x the numpy kernels (the 3x3 ones ~2x,
+the chunked 512-channel ones 2.5-7x), MobileNetV2's small 1x1 convs (K of 16-32 rows, wide images) 0.7-1x,
+where igemm's write-out of each sum costs more than sgemm's product: the core's per-node timing keeps the
+numpy kernel there. ``applies``: group 1 (depthwise convs are not GEMMs), a 4-D input of known channels, a
+constant 8-bit 4-D weight and zero point whose sums int32 holds, FloatQLinearConv's constant quantization
+parameters and float32 output, ScaledConvInteger's compiled epilogue, and VNNI (igemm's portable kernel is
+slower than sgemm).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minfer_core import KernelContext, TensorType, get_registry, kernel, prepare_node, scratch
+
+from . import igemm
+from . import qconv_gemm as qg
+from ._jit import PRIORITY, input_type, readonly
+
+MINFER = "ai.minfer"
+EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+EXACT = 2**24  # float32 holds every integer below this: the numpy kernel's single-chunk float32 accumulation
+INT32 = 2**31
+X_RANGE = 255  # |x - x_zp| for 8-bit x and zero point
+
+
+def _constant(ctx: Any, index: int) -> np.ndarray | None:
+    consts = tuple(ctx.constants) + (None,) * (index + 1)
+    return consts[index]
+
+
+def _given(ctx: Any, index: int) -> bool:
+    return input_type(ctx, index) is not None
+
+
+def _bound(w: np.ndarray, zp: np.ndarray | None, bias: np.ndarray | None) -> float:
+    """The largest |partial sum| (the numpy kernel's bound): 255 * the largest row's L1 norm of w - w_zp, plus the
+    largest |bias|."""
+    zero = 0.0 if zp is None else np.asarray(zp, np.float64).reshape((-1,) + (1,) * (w.ndim - 1))
+    rows = np.abs(w.astype(np.float64) - zero).reshape(w.shape[0], -1).sum(axis=1).max(initial=0.0)
+    extra = 0.0 if bias is None else float(np.abs(bias.astype(np.float64)).max(initial=0.0))
+    return X_RANGE * float(rows) + extra
+
+
+def _fits(ctx: Any, attrs: dict) -> bool:
+    """What this kernel computes (see the module docstring)."""
+    x, w = input_type(ctx, 0), _constant(ctx, 3)
+    if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2) or attrs.get("group", 1) != 1:
+        return False
+    if x is None or x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:]):
+        return False
+    if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.size == 0 or x.shape[1] != w.shape[1]:
+        return False
+    wz = _constant(ctx, 5)
+    if wz is None and _given(ctx, 5) or wz is not None and wz.size not in (1, w.shape[0]):
+        return False
+    needed = (1, 2, 4, 6, 7) + tuple(i for i in (8, 9, 10) if _given(ctx, i))
+    if any(_constant(ctx, i) is None for i in needed) or _given(ctx, 11) and not attrs.get("residual_rounding"):
+        return False
+    xz, yz = _constant(ctx, 2), _constant(ctx, 7)
+    if xz.size != 1 or yz.size != 1 or xz.dtype not in EIGHT_BIT or (not attrs.get("float_input") and
+                                                                        x.dtype != xz.dtype):
+        return False
+    out = ctx.output_types[0] if ctx.output_types else None
+    if out is None or out.dtype != np.float32 or not igemm.vnni():
+        return False
+    return _bound(w, wz, _constant(ctx, 8)) < INT32  # the product's exact integers fit igemm's int32
+
+
+def _requantize_attrs(ctx: Any, attrs: dict) -> dict:
+    """The epilogue's Requantize attributes, as minfer-ops-conv's kernel makes them (requantize.compiled_steps)."""
+    yz, ys = _constant(ctx, 7), _constant(ctx, 6)
+    info, zp = np.iinfo(yz.dtype), np.float32(yz.reshape(-1)[0])
+    activation = attrs.get("activation") or ""
+    lo, hi = ([float(v) for v in attrs.get("activation_params") or []] + [-np.inf, np.inf])[:2] \
+        if activation == "Clip" else (-np.inf, np.inf)
+    found = {"low": float(np.float32(info.min) - zp), "high": float(np.float32(info.max) - zp),
+             "out_scale": float(np.float32(ys.reshape(-1)[0])), "activation": activation,
+             "activation_params": [float(np.float32(lo)), float(np.float32(hi))]}
+    grid = attrs.get("output_quantization") or attrs.get("output_rounding")
+    if grid:
+        found.update(post_scale=float(grid[0]), post_low=float(grid[1]), post_high=float(grid[2]),
+                     post_dequantize=int(bool(attrs.get("output_rounding"))))
+    return found
+
+
+def _epilogue(ctx: Any, attrs: dict) -> Any:
+    """The registered Requantize kernel the numpy kernel's epilogue calls, when it is this plugin's compiled one
+    (else None: the numpy kernel's own steps would run, which this kernel does not reproduce)."""
+    out = ctx.output_types[0] if ctx.output_types else None
+    if out is None or out.dtype != np.float32 or out.shape is None or len(out.shape) < 2:
+        return None
+    vector = TensorType(np.float32, (None,))
+    types = (out, vector, *(vector if _given(ctx, i) else None for i in (8, 9, 10)))
+    inner = KernelContext(ctx.node_name, "Requantize", 1, types, (out,), (None,) * 5, 1)
+    op_attrs = _requantize_attrs(ctx, attrs)
+    found = get_registry().select_kernel(MINFER, "Requantize", 1, "numpy", inner, op_attrs)
+    if found is None or not found.fn.__module__.startswith(__name__.rsplit(".", 1)[0]):
+        return None
+    return found.prepared(inner, op_attrs)
+
+
+def _rounding(ctx: Any, grid: list[float]) -> Any:
+    """The residual's QuantizeDequantize: the registered kernel, as the numpy kernel finds it, or None (numpy's
+    steps)."""
+    out = ctx.output_types[0]
+    scale, low, high = (float(v) for v in grid)
+    op_attrs = {"scale": scale, "low": low, "high": high, "post_scale": 0.0, "post_low": 0.0, "post_high": 0.0}
+    inner = KernelContext(ctx.node_name, "QuantizeDequantize", 1, (out, None, None), (out,), (None, None, None), 1)
+    found = get_registry().select_kernel(MINFER, "QuantizeDequantize", 1, "numpy", inner, op_attrs)
+    return None if found is None else found.prepared(inner, op_attrs)
+
+
+def _frozen(v: Any) -> np.ndarray | None:
+    """A read-only flat float32 array (the epilogue's per-channel operands, sliced per range without new types)."""
+    return None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
+
+
+class Steps:
+    """The numpy kernel's own epilogue steps (minfer-ops-conv's requantize.Steps without the compiled kernel: sums
+    that float32 holds only in chunks, or no compiled Requantize), on the exact integers, in its order: + bias,
+    float32, * the scale, clip, rint, * y's scale; act(. * S + B); the output grid."""
+
+    def __init__(self, ctx: Any, attrs: dict, per_channel: np.ndarray) -> None:
+        rank = (-1, 1, 1)
+        yz, ys, bias = _constant(ctx, 7), _constant(ctx, 6), _constant(ctx, 8)
+        info, zp = np.iinfo(yz.dtype), np.float32(yz.reshape(-1)[0])
+        self.bounds = (np.float32(info.min) - zp, np.float32(info.max) - zp)
+        self.y_scale = np.float32(ys.reshape(-1)[0])
+        self.scale = per_channel.reshape(rank) if per_channel.size > 1 else per_channel.reshape(())
+        self.bias = None if bias is None else bias.astype(np.float32).astype(np.float64).reshape(rank)
+        self.s, self.a = (None if _constant(ctx, i) is None else np.asarray(_constant(ctx, i), np.float32).reshape(rank)
+                          for i in (9, 10))
+        self.activation = attrs.get("activation") or ""
+        lo, hi = ([float(v) for v in attrs.get("activation_params") or []] + [-np.inf, np.inf])[:2]
+        self.clip = (np.float32(lo), np.float32(hi))
+        grid = attrs.get("output_quantization") or attrs.get("output_rounding")
+        self.grid = None if not grid else (np.float32(grid[0]), np.float32(grid[1]), np.float32(grid[2]))
+        self.dequantize = bool(attrs.get("output_rounding"))
+
+    def __call__(self, acc: np.ndarray, dst: np.ndarray, ch: slice) -> None:
+        """dst = the steps of ``acc`` (exact integers, int32 or float64) for output channels ``ch``."""
+        pick = lambda v: v if v is None or v.ndim == 0 or v.shape[0] == 1 else v[ch]  # noqa: E731
+        v = (acc.astype(np.float64) if self.bias is None else np.add(acc, pick(self.bias), dtype=np.float64))
+        v = v.astype(np.float32)
+        v *= pick(self.scale)
+        np.clip(v, *self.bounds, out=v)
+        np.rint(v, out=v)
+        np.multiply(v, self.y_scale, out=dst)
+        if self.s is not None:
+            np.multiply(dst, pick(self.s), out=dst)
+        if self.a is not None:
+            np.add(dst, pick(self.a), out=dst)
+        if self.activation == "Relu":
+            np.maximum(dst, np.float32(0), out=dst)
+        elif self.activation == "Clip":
+            np.clip(dst, *self.clip, out=dst)
+        if self.grid is not None:
+            scale, low, high = self.grid
+            np.divide(dst, scale, out=dst)
+            np.rint(dst, out=dst)
+            np.clip(dst, low, high, out=dst)
+            if self.dequantize:
+                np.multiply(dst, scale, out=dst)
+
+
+class QConv:
+    """One FloatQLinearConv, prepared: the input's quantization, the integer conv, the numpy kernel's epilogue."""
+
+    def __init__(self, ctx: Any, attrs: dict) -> None:
+        w, wz = _constant(ctx, 3), _constant(ctx, 5)
+        self.conv, self.attrs = qg.IntegerConv(w, wz, attrs), attrs
+        xs, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
+        self.x_dtype, self.x_zero = xz.dtype, int(xz.reshape(-1)[0])
+        info, self.quantize = np.iinfo(self.x_dtype), None
+        if attrs.get("float_input") == 1:  # the numpy kernel's input Requantize: the 8-bit range less the zp
+            self.quantize = (np.float32(xs.reshape(-1)[0]), np.float32(info.min - self.x_zero),
+                             np.float32(info.max - self.x_zero))
+        elif attrs.get("float_input") == 2:  # x is QuantizeLinear(x) - x_zp already (integers): rint, + x_zp exact
+            self.quantize = (qg.ONE, np.float32(-np.inf), np.float32(np.inf))
+        per_channel = (np.float32(xs.reshape(-1)[0]) * np.asarray(ws, np.float32).reshape(-1)) / np.float32(
+            ys.reshape(-1)[0])  # x_scale * w_scale / y_scale, as the numpy kernel computes it
+        bias = _constant(ctx, 8)
+        self.operands = [_frozen(per_channel), None if bias is None else _frozen(bias.astype(np.float32)),
+                         *(_frozen(_constant(ctx, i)) for i in (9, 10))]
+        # the numpy kernel's choice: its compiled Requantize on float32 sums, else its numpy steps
+        self.fast = _epilogue(ctx, attrs) if _bound(w, wz, bias) < EXACT else None
+        self.steps = None if self.fast is not None else Steps(ctx, attrs, per_channel)
+        self.residual = attrs.get("residual_rounding")
+        self.rounding = _rounding(ctx, self.residual) if self.residual else None
+        qg.compile_for(self.x_dtype)
+
+    def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
+        """The numpy kernel's epilogue on a region of the exact sums ``y``, then + Z and its rounding."""
+        ch = region[1]
+        if self.fast is not None:
+            self.fast(y[region], *(v if v is None or v.size == 1 else v[ch] for v in self.operands), out=out[region])
+        else:
+            self.steps(y[region], out[region], ch)
+        if self.residual:
+            part = out[region]
+            np.add(part, z[region], out=part)
+            if self.rounding is not None:
+                self.rounding(part, None, None, out=part)
+            else:
+                _quantize_stage(part, np.float32(self.residual[0]), self.residual[1], self.residual[2])
+
+    def __call__(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
+                 y_zero_point=None, b=None, s=None, a=None, z=None):
+        out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
+        if not out.size:
+            return out
+        q, nan = qg.quantized(x, self.quantize, self.x_dtype, self.x_zero)
+        y = scratch("minfer_ops_numba-qconv-y", out.shape, np.float32 if self.fast is not None else np.int32)
+        self.conv(q, self.x_zero, y, out, lambda acc, dst, region: self.finish(acc, dst, region, z))
+        if nan:  # the float conv's sums are NaN where a window holds a NaN: those outputs are the epilogue of NaN
+            touched = qg.touched(np.isnan(x).any(axis=1), self.conv.geometry(x.shape), self.conv.kernel_hw, self.attrs)
+            acc = y.astype(np.float32 if self.fast is not None else np.float64)
+            acc[np.broadcast_to(touched[:, None], acc.shape)] = np.nan
+            self.finish(acc, out, (slice(None), slice(None)), z)
+        return out
+
+
+def _quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float) -> None:
+    """QuantizeDequantize's numpy steps in place (minfer-ops-conv's fallback when no compiled one is installed)."""
+    np.divide(part, scale, out=part)
+    np.rint(part, out=part)
+    np.clip(part, np.float32(low), np.float32(high), out=part)
+    np.multiply(part, scale, out=part)
+
+
+@kernel("FloatQLinearConv", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(3, 5), views=False,
+        applies=_fits)
+def float_qlinear_conv(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
+                       output_quantization=None, output_rounding=None, residual_rounding=None, auto_pad="NOTSET",
+                       dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::FloatQLinearConv-1 (group 1, float32 output) on VNNI: the exact 8-bit product by igemm, then the
+    numpy kernel's compiled epilogue (Requantize, + Z and its rounding): its bits."""
+    attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
+                 activation_params=activation_params, output_quantization=output_quantization,
+                 output_rounding=output_rounding, residual_rounding=residual_rounding, auto_pad=auto_pad,
+                 dilations=dilations, group=group, pads=pads, strides=strides)
+    return QConv(ctx, attrs)
+
+
+def _scaled_epilogue(ctx: Any, attrs: dict) -> Any:
+    """The compiled Requantize the numpy ScaledConvInteger kernel ends with (Cast's float32 of the sums * scale,
+    then ChannelAffine's act(. * S + A)), when it is this plugin's, else None."""
+    out = ctx.output_types[0] if ctx.output_types else None
+    if out is None or out.dtype != np.float32 or out.shape is None or len(out.shape) < 2:
+        return None
+    activation = attrs.get("activation") or ""
+    lo, hi = ([float(v) for v in attrs.get("activation_params") or []] + [-np.inf, np.inf])[:2] \
+        if activation == "Clip" else (-np.inf, np.inf)
+    op_attrs = {"rounding": 0, "activation": activation, "activation_params": [np.float32(lo), np.float32(hi)]}
+    vector = TensorType(np.float32, (None,))
+    types = (out, vector, None, *(vector if _given(ctx, i) else None for i in (5, 6)))
+    inner = KernelContext(ctx.node_name, "Requantize", 1, types, (out,), (None,) * 5, 1)
+    found = get_registry().select_kernel(MINFER, "Requantize", 1, "numpy", inner, op_attrs)
+    if found is None or not found.fn.__module__.startswith(__name__.rsplit(".", 1)[0]):
+        return None
+    return found.prepared(inner, op_attrs)
+
+
+def _dynamic_quantizer(ctx: Any) -> Any:
+    """The registered DynamicQuantizeLinear kernel for float32 (the numpy kernel's, to the bit), or None."""
+    f32, u8 = TensorType(np.float32, None), TensorType(np.uint8, None)
+    inner = KernelContext(ctx.node_name, "DynamicQuantizeLinear", 11, (f32,), (u8, f32, u8), (None,), 1)
+    found = prepare_node(get_registry(), inner, {})
+    return None if found is None else found[1]
+
+
+def _scaled_fits(ctx: Any, attrs: dict) -> bool:
+    """A 4-D input (float32 with ``dynamic_input``, else 8-bit), group 1, a constant 2-D 8-bit weight and zero
+    point whose sums int32 holds, the compiled epilogue and VNNI."""
+    x, w, wz = input_type(ctx, 0), _constant(ctx, 1), _constant(ctx, 3)
+    dtypes = (np.dtype(np.float32),) if attrs.get("dynamic_input") else EIGHT_BIT
+    if attrs.get("group", 1) != 1 or x is None or x.dtype not in dtypes or x.shape is None or len(x.shape) != 4:
+        return False
+    if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.size == 0 or x.shape[1] != w.shape[1]:
+        return False
+    if wz is None and _given(ctx, 3) or wz is not None and wz.size not in (1, w.shape[0]) or not igemm.vnni():
+        return False
+    if attrs.get("dynamic_input") and _dynamic_quantizer(ctx) is None:
+        return False
+    return _bound(w, wz, None) < INT32 and _scaled_epilogue(ctx, attrs) is not None
+
+
+class ScaledConv:
+    """One ScaledConvInteger, prepared: [DynamicQuantizeLinear of x,] the integer conv, the compiled epilogue."""
+
+    def __init__(self, ctx: Any, attrs: dict) -> None:
+        self.conv = qg.IntegerConv(_constant(ctx, 1), _constant(ctx, 3), attrs)
+        self.epilogue = _scaled_epilogue(ctx, attrs)
+        self.dynamic = _dynamic_quantizer(ctx) if attrs.get("dynamic_input") else None
+        qg.compile_for(np.dtype(np.uint8) if self.dynamic else input_type(ctx, 0).dtype)
+
+    def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any) -> tuple[np.ndarray, int, np.ndarray]:
+        """(8-bit x, its zero point, the float32 scale of the sums): DynamicQuantizeLinear's of a float32 x, made
+        as the numpy kernel makes it (the kernel on [min, max], then x / scale clipped and rounded)."""
+        if self.dynamic is None:
+            zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
+            return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
+        mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
+        if np.isfinite(mn) and np.isfinite(mx):
+            _, x_scale, zp = self.dynamic(np.asarray([mn, mx], np.float32))
+            zero = int(np.asarray(zp).reshape(-1)[0])
+            q, _ = qg.quantized(x, (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)), np.dtype(np.uint8),
+                                zero)
+        else:  # NaN or an infinity: the kernel quantizes x itself, as the numpy kernel does
+            q, x_scale, zp = self.dynamic(x)
+            zero = int(np.asarray(zp).reshape(-1)[0])
+        product = np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0])  # the numpy kernel's Mul
+        return q, zero, np.asarray(product, np.float32).reshape(-1)[:1]
+
+    def __call__(self, x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
+        out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
+        if not out.size:
+            return out
+        q, zero, factor = self._input(x, x_zero_point, scale)
+        m = readonly(np.ascontiguousarray(factor))
+        sv, av = (None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
+                  for v in (s, a))
+
+        def finish(y: np.ndarray, dst: np.ndarray, region: tuple) -> None:
+            ch = region[1]
+            self.epilogue(y[region], m, None, None if sv is None else sv[ch], None if av is None else av[ch],
+                          out=dst[region])
+
+        y = scratch("minfer_ops_numba-qconv-y", out.shape, np.float32)
+        self.conv(q, zero, y, out, finish)
+        return out
+
+
+@kernel("ScaledConvInteger", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(1, 3), views=False,
+        applies=_scaled_fits)
+def scaled_conv_integer(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
+                        dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::ScaledConvInteger-1 (group 1) on VNNI: [DynamicQuantizeLinear of x,] the exact 8-bit product by
+    igemm as float32 (Cast's), then the numpy kernel's compiled epilogue (* scale, act(. * S + A)): its bits."""
+    attrs = dict(activation=activation, activation_params=activation_params, dynamic_input=dynamic_input,
+                 auto_pad=auto_pad, dilations=dilations, group=group, pads=pads, strides=strides)
+    return ScaledConv(ctx, attrs)

@@ -1,0 +1,197 @@
+"""An 8-bit convolution as `igemm`'s exact integer GEMM: the compiled input steps and the product, for qconv.py.
+
+A conv of M output channels over an 8-bit image (C, H, W) is the product of the weight as A (M, K = C * kh * kw:
+the initializer as given, its rows streamed by igemm) by B (K, OH * OW, one column an output pixel), which is the
+image itself for a 1x1 stride-1 unpadded conv, else its 8-bit im2col here (padding with x's zero point, as
+onnxruntime pads). igemm packs B's 64-column panels itself; B's column sums (for the zero points' rank-1 terms)
+come from the same pass that makes B, not from a numpy pass (which cost as much as the product on resnet50's
+3x3 shapes). The output's channels split over `parallel_for` in blocks of 16, each block's epilogue run by the
+thread that computed it while its tile is in cache.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+
+from minfer_core import intra_op_threads, parallel_for, scratch
+
+from . import igemm
+from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .window import window
+
+SPLIT_MACS = igemm.SPLIT_MACS  # below it one thread computes the whole conv
+BLOCK = 16  # output channels a thread's range is made of
+ONE = np.float32(1)
+Finish = Callable[[np.ndarray, np.ndarray, tuple], None]
+
+
+@jit
+def _quantize(x, q, scale, low, high, zp):  # pragma: no cover - compiled
+    """q = clip(x / scale, low, high), rint, + zp (QuantizeLinear centered as the numpy kernel's compiled Requantize
+    computes it, in float32, then shifted back to 8 bits); returns how many x were NaN (no 8-bit value)."""
+    bad = 0
+    for i in range(x.size):
+        v = x[uintp(i)] / scale
+        v = low if v < low else v
+        v = high if v > high else v
+        v = np.rint(v)
+        if v != v:
+            bad += 1
+            v = np.float32(0)
+        q[uintp(i)] = np.int32(v) + zp
+    return bad
+
+
+@jit
+def _im2col(x, cols, sums, geometry, pad):  # pragma: no cover - compiled
+    """cols[(c, i, j), (oy, ox)] = x[c, oy * sh - ph + i * dh, ox * sw - pw + j * dw] (``pad`` outside x) for an
+    8-bit (C, H, W) x; ``geometry``: kh, kw, sh, sw, ph, pw, dh, dw, oh, ow. Then sums = cols' column sums."""
+    kh, kw, sh, sw, ph, pw, dh, dw, oh, ow = geometry
+    c_in, h, w = x.shape
+    r = 0
+    for c in range(c_in):
+        for i in range(kh):
+            for j in range(kw):
+                row = cols[r]
+                off = j * dw - pw  # ix = ox * sw + off
+                lo = min(ow, max(0, (-off + sw - 1) // sw))
+                hi = max(lo, min(ow, (w - 1 - off) // sw + 1 if w - 1 - off >= 0 else 0))
+                for oy in range(oh):
+                    iy = oy * sh - ph + i * dh
+                    base = oy * ow
+                    if iy < 0 or iy >= h:
+                        row[base : base + ow] = pad
+                        continue
+                    src = x[c, iy]
+                    row[base : base + lo] = pad
+                    for ox in range(lo, hi):
+                        row[uintp(base + ox)] = src[uintp(ox * sw + off)]
+                    row[base + hi : base + ow] = pad
+                r += 1
+    _column_sums(cols, sums)
+
+
+@jit
+def _column_sums(b, sums):  # pragma: no cover - compiled
+    """sums[n] = sum over k of b[k, n] (exact in int32: at most 255 * K)."""
+    sums[:] = 0
+    for k in range(b.shape[0]):
+        row = b[k]
+        for n in range(b.shape[1]):
+            sums[uintp(n)] += np.int32(row[uintp(n)])
+
+
+class Geometry:
+    """A conv's window for one input shape: output size, and how B is made (None: the image is B as it is)."""
+
+    def __init__(self, shape: tuple[int, ...], kernel_hw: tuple[int, int], attrs: dict) -> None:
+        strides, dilations = list(attrs.get("strides") or (1, 1)), list(attrs.get("dilations") or (1, 1))
+        win = window(shape[2:], kernel_hw, strides, dilations, attrs.get("pads"), attrs.get("auto_pad") or "NOTSET",
+                     clamp_same=True)
+        self.out_hw = win.out_shape
+        pointwise = kernel_hw == (1, 1) and strides == [1, 1] and not any(win.begin) and self.out_hw == shape[2:]
+        self.im2col = None if pointwise else readonly(np.asarray(
+            [*kernel_hw, *strides, *win.begin, *dilations, *self.out_hw], np.int64))
+
+
+class IntegerConv:
+    """The exact sums of an 8-bit weight (M, C, kh, kw) over 8-bit images, handed to an epilogue range by range."""
+
+    def __init__(self, w: np.ndarray, w_zero_point: np.ndarray | None, attrs: dict) -> None:
+        self.m, self.kernel_hw, self.attrs = w.shape[0], tuple(w.shape[2:]), attrs
+        self.weight = readonly(np.ascontiguousarray(w).reshape(self.m, -1))  # A: the initializer itself
+        wz = w_zero_point
+        self.w_zero = 0 if wz is None else (readonly(wz.reshape(-1).astype(np.int32)) if wz.size > 1
+                                            else int(wz.reshape(-1)[0]))
+        self.shapes: dict[tuple[int, ...], Geometry] = {}
+
+    def geometry(self, shape: tuple[int, ...]) -> Geometry:
+        """The window over an input of ``shape`` (made once a shape)."""
+        if shape not in self.shapes:
+            self.shapes[shape] = Geometry(shape, self.kernel_hw, self.attrs)
+        return self.shapes[shape]
+
+    def __call__(self, q: np.ndarray, x_zero: int, y: np.ndarray, out: np.ndarray, finish: Finish) -> None:
+        """y (N, M, OH, OW; float32: the sums as float32, else int32) = the sums of q (N, C, H, W) less x_zero by the
+        weight less its zero point; ``finish(y, out, region)`` on each range of channels of an image as it is done."""
+        geo = self.geometry(q.shape)
+        hw = geo.out_hw[0] * geo.out_hw[1]
+        scale = ONE if y.dtype == np.float32 else None
+        for i in range(q.shape[0]):
+            packed, rows_of = _operand(q[i], geo, x_zero, hw), y[i].reshape(self.m, hw)
+
+            def rows(lo: int, hi: int, i: int = i, packed: igemm.Packed = packed, rows_of: np.ndarray = rows_of
+                     ) -> None:
+                zero = self.w_zero if np.ndim(self.w_zero) == 0 else self.w_zero[lo:hi]
+                igemm.igemm(self.weight[lo:hi], packed, rows_of[lo:hi], zero, x_zero, scale)
+                finish(y, out, (slice(i, i + 1), slice(lo, hi)))
+
+            _split(rows, self.m, self.weight.shape[1] * hw)
+
+
+def _split(rows: Any, m: int, per_row: int) -> None:
+    """``rows(lo, hi)`` over the output channels: in blocks of 16 over the intra-op threads from SPLIT_MACS."""
+    if intra_op_threads() > 1 and m * per_row >= SPLIT_MACS and m > BLOCK:
+        blocks = -(-m // BLOCK)
+        parallel_for(blocks, lambda lo, hi: rows(BLOCK * lo, min(BLOCK * hi, m)))
+    else:
+        rows(0, m)
+
+
+def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple[np.ndarray, int]:
+    """(the 8-bit input, how many x were NaN): QuantizeLinear's of a float32 x (NaN as 0, fixed after), or x."""
+    if quantize is None:
+        return readonly(np.ascontiguousarray(x)), 0
+    q = scratch("minfer_ops_numba-qconv-q", x.shape, dtype)
+    nan = _quantize(readonly(np.ascontiguousarray(x)).reshape(-1), q.reshape(-1), *quantize, np.int32(zero))
+    return readonly(q), nan
+
+
+def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int) -> igemm.Packed:
+    """B for one image (C, H, W): the image as (C, H * W), or its 8-bit im2col; with its column sums."""
+    if geo.im2col is None:
+        b = image.reshape(image.shape[0], hw)
+        sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
+        _column_sums(b, sums)
+        return igemm.Packed(b, sums)
+    k = image.shape[0] * int(geo.im2col[0] * geo.im2col[1])
+    cols = scratch("minfer_ops_numba-qconv-cols", (k, hw), image.dtype)
+    sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
+    _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero))
+    return igemm.Packed(cols, sums)
+
+
+def touched(hit: np.ndarray, geo: Geometry, kernel_hw: tuple[int, int], attrs: dict) -> np.ndarray:
+    """Which outputs (N, OH, OW) have a window holding a ``hit`` input cell (``hit``: (N, H, W) booleans)."""
+    strides, dilations = list(attrs.get("strides") or (1, 1)), list(attrs.get("dilations") or (1, 1))
+    win = window(hit.shape[1:], kernel_hw, strides, dilations, attrs.get("pads"), attrs.get("auto_pad") or "NOTSET",
+                 clamp_same=True)
+    (oh, ow), span = geo.out_hw, [(k - 1) * d + 1 for k, d in zip(kernel_hw, dilations)]
+    after = [max(0, (o - 1) * st + e - i - b) for o, st, e, i, b in zip(geo.out_hw, strides, span, hit.shape[1:],
+                                                                         win.begin)]
+    padded = np.pad(hit, ((0, 0), (win.begin[0], after[0]), (win.begin[1], after[1])))
+    touched = np.zeros((hit.shape[0], oh, ow), bool)
+    for i in range(kernel_hw[0]):
+        for j in range(kernel_hw[1]):
+            r0, c0 = i * dilations[0], j * dilations[1]
+            touched |= padded[:, r0 : r0 + (oh - 1) * strides[0] + 1 : strides[0],
+                              c0 : c0 + (ow - 1) * strides[1] + 1 : strides[1]]
+    return touched
+
+
+def compile_for(dtype: np.dtype) -> None:
+    """Compile (or load from numba's cache) the loops for this input type now, at build, not in a timed run."""
+    x = readonly(np.zeros((1, 3, 3), dtype))
+    q = np.zeros(9, dtype)
+    _quantize(readonly(np.zeros(9, np.float32)), q, np.float32(1), np.float32(-1), np.float32(1), np.int32(0))
+    sums = np.zeros(9, np.int32)
+    _column_sums(x.reshape(1, 9), sums)
+    cols = np.zeros((1, 9), dtype)
+    _im2col(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0))
+    igemm.igemm(np.zeros((1, 1), np.int8), igemm.pack_b(np.zeros((1, 1), dtype)), np.empty((1, 1), np.float32),
+                scale=ONE)
+    igemm.igemm(np.zeros((1, 1), np.int8), igemm.pack_b(np.zeros((1, 1), dtype)), np.empty((1, 1), np.int32))
+
+

@@ -1,0 +1,286 @@
+"""minfer-ops-numba's FloatQLinearConv on the 8-bit GEMM: minfer-ops-conv's outputs bit for bit, where it applies."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+
+from minfer_ops_numba import igemm  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
+
+OP = "FloatQLinearConv"
+
+
+def _random(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+def _node(rng, *, n=1, c=5, m=7, hw=(6, 7), k=(3, 3), xt=np.uint8, wt=np.int8, per_channel=False, float_input=1,
+          bias=True, affine=False, residual=False, **attrs):
+    """(inputs, input types, constants, attributes) of one FloatQLinearConv node with random operands."""
+    x = rng.standard_normal((n, c) + hw).astype(np.float32) * 2 if float_input else _random(rng, xt, (n, c) + hw)
+    xs, xz = np.array(0.03, np.float32), _random(rng, xt, ())
+    w = _random(rng, wt, (m, c) + k)
+    ws = rng.uniform(0.001, 0.01, m).astype(np.float32) if per_channel else np.array(0.004, np.float32)
+    wz = _random(rng, wt, (m,)) // 4 if per_channel else np.array(3, wt)
+    # y's scale and zero point such that most outputs fall inside the 8-bit range (not saturated)
+    ys, yz = np.array(0.15, np.float32), np.array((128 if xt == np.uint8 else 0) + rng.integers(-10, 10), xt)
+    b = rng.integers(-3000, 3000, m).astype(np.int32) if bias else None
+    s, a = (rng.standard_normal(m).astype(np.float32), rng.standard_normal(m).astype(np.float32)) if affine else \
+        (None, None)
+    inputs = [x, xs, xz, w, ws, wz, ys, yz, b, s, a]
+    attrs = dict(float_input=float_input, float_output=1, **attrs)
+    if residual:
+        attrs.update(output_rounding=[0.05, -128.0, 127.0], residual_rounding=[0.1, -128.0, 127.0])
+        inputs.append(None)  # Z: made below, of the output's shape
+    while inputs[-1] is None and len(inputs) > 8 and not residual:
+        inputs.pop()
+    return inputs, attrs
+
+
+def _out_shape(inputs, attrs):
+    from minfer_ops_numba.window import window
+
+    x, w = inputs[0], inputs[3]
+    win = window(x.shape[2:], w.shape[2:], attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1),
+                 attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), clamp_same=True)
+    return (x.shape[0], w.shape[0]) + win.out_shape
+
+
+def _ctx(inputs, out_shape):
+    from minfer_core import KernelContext, TensorType
+
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(None if i in (0, 11) else v for i, v in enumerate(inputs))
+    return KernelContext("n", OP, 1, types, (TensorType(np.float32, out_shape),), consts, 1)
+
+
+def _both(inputs, attrs):
+    """(numba run, numpy run) for the node; the numba kernel must apply."""
+    from minfer_ops_conv import quant
+    from minfer_ops_numba import qconv
+
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    shape = _out_shape(inputs, attrs)
+    assert qconv.float_qlinear_conv.applies(_ctx(inputs, shape), attrs)
+    return (qconv.float_qlinear_conv.fn(_ctx(inputs, shape), **attrs),
+            quant.float_qlinear_conv.fn(_ctx(inputs, shape), **attrs))
+
+
+def _check(inputs, attrs, rng):
+    mine, numpy_run = _both(inputs, attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    if len(args) == 12:
+        args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    got, want = mine(*args), numpy_run(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))  # bits: -0.0 and NaN too
+
+
+SHAPES = {  # name: (node keywords)
+    "1x1": dict(k=(1, 1), c=19, m=70, hw=(9, 10)),
+    "1x1-stride2": dict(k=(1, 1), c=13, m=33, hw=(9, 10), strides=[2, 2]),
+    "3x3-pad": dict(k=(3, 3), c=6, m=17, hw=(11, 9), pads=[1, 1, 1, 1]),
+    "3x3-stride2-pad": dict(k=(3, 3), c=21, m=65, hw=(13, 14), strides=[2, 2], pads=[1, 1, 1, 1]),
+    "3x3-nopad": dict(k=(3, 3), c=3, m=5, hw=(7, 8)),
+    "7x7-stride2": dict(k=(7, 7), c=3, m=9, hw=(17, 16), strides=[2, 2], pads=[3, 3, 3, 3]),
+    "3x3-asym-same": dict(k=(3, 3), c=4, m=6, hw=(8, 9), auto_pad="SAME_UPPER", strides=[2, 2]),
+    "1x3-dilated": dict(k=(1, 3), c=5, m=4, hw=(6, 12), dilations=[1, 2], pads=[0, 2, 0, 1]),
+    "batch2": dict(k=(3, 3), c=7, m=20, hw=(5, 6), n=2, pads=[1, 1, 1, 1]),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=str)
+@pytest.mark.parametrize("kinds", [(np.uint8, np.int8, False), (np.int8, np.int8, True), (np.uint8, np.uint8, True)],
+                         ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}{'-pc' if k[2] else ''}")
+def test_bit_for_bit_as_the_numpy_kernel(shape, kinds):
+    """Quantized float input, per-tensor and per-channel scales and zero points, uint8/int8 operands, 1x1 (the
+    image as B) and windowed (im2col) convs, strides, pads, dilations, batch 2: minfer-ops-conv's bits."""
+    rng = np.random.default_rng(len(shape) * 7 + kinds[2])
+    xt, wt, per_channel = kinds
+    inputs, attrs = _node(rng, xt=xt, wt=wt, per_channel=per_channel, **SHAPES[shape])
+    _check(inputs, attrs, rng)
+
+
+@pytest.mark.parametrize("epilogue", ["none", "relu-quantize", "clip-affine", "rounding-residual", "no-bias"])
+def test_epilogues_bit_for_bit(epilogue):
+    """Each epilogue the integer fusion makes (activation, ChannelAffine S/B, the next conv's quantization, the
+    QuantizeDequantize rounding plus a residual and its rounding) ends as the numpy kernel's does."""
+    rng = np.random.default_rng(21)
+    extra = {"none": {}, "no-bias": dict(bias=False),
+             "relu-quantize": dict(activation="Relu", activation_params=[], output_quantization=[0.07, -3.0, 252.0]),
+             "clip-affine": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True),
+             "rounding-residual": dict(residual=True)}[epilogue]
+    inputs, attrs = _node(rng, c=24, m=40, hw=(10, 10), pads=[1, 1, 1, 1], **extra)
+    _check(inputs, attrs, rng)
+
+
+def test_eight_bit_input_and_two_threads():
+    """An int8 input taken as it is (QOperator's convs after an int8 producer), and the output channels split over
+    two intra-op threads: the numpy kernel's bits still."""
+    from minfer_core.parallel import using_threads
+
+    rng = np.random.default_rng(8)
+    inputs, attrs = _node(rng, float_input=0, xt=np.int8, c=64, m=150, hw=(28, 28), k=(3, 3), pads=[1, 1, 1, 1])
+    mine, numpy_run = _both(inputs, attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
+    with using_threads(2):
+        got = mine(*args)
+    np.testing.assert_array_equal(got, numpy_run(*args))
+
+
+def test_nan_input_gives_nan_where_the_float_conv_does():
+    """A NaN in the float input makes NaN every output whose window holds it, as the numpy kernel's float conv."""
+    rng = np.random.default_rng(9)
+    inputs, attrs = _node(rng, c=4, m=6, hw=(8, 8), pads=[1, 1, 1, 1])
+    inputs[0][0, 2, 3, 4] = np.nan
+    _check(inputs, attrs, rng)
+
+
+def test_kernel_is_a_candidate_for_the_node():
+    """The registry lists this kernel above minfer-ops-conv's for a FloatQLinearConv it applies to."""
+    from minfer_core import get_registry
+
+    rng = np.random.default_rng(4)
+    inputs, attrs = _node(rng)
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    found = get_registry().select_kernel("ai.minfer", OP, 1, "numpy", _ctx(inputs, _out_shape(inputs, attrs)), attrs)
+    assert found.fn.__module__ == "minfer_ops_numba.qconv"
+
+
+def test_centered_input_bit_for_bit():
+    """A float32 input already centered (float_input 2: the previous conv's output grid, integers from -x_zp): the
+    numpy kernel's bits, -0.0 inputs included."""
+    rng = np.random.default_rng(12)
+    inputs, attrs = _node(rng, c=16, m=24, hw=(9, 9), pads=[1, 1, 1, 1], float_input=2)
+    info = np.iinfo(inputs[2].dtype)
+    low, high = info.min - float(inputs[2]), info.max - float(inputs[2])
+    inputs[0] = np.clip(np.rint(rng.standard_normal(inputs[0].shape) * 40), low, high).astype(np.float32)
+    inputs[0][0, 0, 0, :3] = -0.0
+    _check(inputs, attrs, rng)
+
+
+@pytest.mark.parametrize("epilogue", ["plain", "relu-quantize-affine", "rounding-residual"])
+def test_sums_beyond_float32_bit_for_bit(epilogue):
+    """Sums float32 does not hold (the numpy kernel's chunked float64 path and its numpy epilogue steps): its bits."""
+    rng = np.random.default_rng(13)
+    extra = {"plain": {}, "relu-quantize-affine": dict(activation="Relu", activation_params=[], affine=True,
+                                                        output_quantization=[0.07, -3.0, 252.0]),
+             "rounding-residual": dict(residual=True)}[epilogue]
+    inputs, attrs = _node(rng, c=300, m=20, hw=(6, 6), pads=[1, 1, 1, 1], per_channel=True, **extra)
+    inputs[6] = np.array(2.0, np.float32)  # y's scale for these larger sums
+    from minfer_ops_numba import qconv
+
+    assert qconv._bound(inputs[3], inputs[5], inputs[8]) >= qconv.EXACT
+    _check(inputs, attrs, rng)
+
+
+@pytest.mark.parametrize("case", ["depthwise", "computed-weight", "computed-scale", "integer-output", "int32-overflow"])
+def test_declines_what_it_does_not_compute(case):
+    """Depthwise convs, weights or scales computed at run, an 8-bit output, and sums int32 would not hold stay with
+    minfer-ops-conv."""
+    from minfer_ops_numba import qconv
+
+    rng = np.random.default_rng(5)
+    kw = dict(c=8000, m=2, k=(3, 3), hw=(3, 3)) if case == "int32-overflow" else {}
+    inputs, attrs = _node(rng, **kw)
+    if case == "int32-overflow":
+        inputs[3] = np.full(inputs[3].shape, -128, np.int8)  # 255 * 128 * 72000 > 2**31
+        inputs[5] = np.array(0, np.int8)
+    ctx = _ctx(inputs, _out_shape(inputs, attrs))
+    assert case == "int32-overflow" or qconv.float_qlinear_conv.applies(ctx, attrs) == igemm.vnni()
+    if case == "depthwise":
+        attrs["group"] = 5
+    elif case in ("computed-weight", "computed-scale"):
+        dropped = 3 if case == "computed-weight" else 1
+        ctx = ctx.__class__(ctx.node_name, OP, 1, ctx.input_types, ctx.output_types,
+                            tuple(None if i == dropped else v for i, v in enumerate(ctx.constants)), 1)
+    elif case == "integer-output":
+        attrs["float_output"] = 0
+    assert not qconv.float_qlinear_conv.applies(ctx, attrs)
+
+
+SCALED = "ScaledConvInteger"
+
+
+def _scaled_node(rng, *, dynamic=True, n=1, c=9, m=20, hw=(8, 9), k=(3, 3), xt=np.uint8, wt=np.int8, per_channel=False,
+                 affine=False, **attrs):
+    """(inputs, attributes) of one ScaledConvInteger node with random operands."""
+    x = rng.standard_normal((n, c) + hw).astype(np.float32) * 3 if dynamic else _random(rng, xt, (n, c) + hw)
+    xz = None if dynamic else _random(rng, xt, ())
+    w = _random(rng, wt, (m, c) + k)
+    wz = _random(rng, wt, (m,)) // 4 if per_channel else np.array(-2 if wt == np.int8 else 130, wt)
+    scale = np.array([0.0007], np.float32)
+    s, a = (rng.standard_normal(m).astype(np.float32), rng.standard_normal(m).astype(np.float32)) if affine else \
+        (None, None)
+    inputs = [x, w, xz, wz, scale, s, a]
+    while inputs[-1] is None:
+        inputs.pop()
+    return inputs, dict(dynamic_input=int(dynamic), **attrs)
+
+
+def _scaled_both(inputs, attrs):
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_conv import quant
+    from minfer_ops_numba import qconv
+
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    shape = _out_shape([inputs[0], None, None, inputs[1]], attrs)
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(v if i in (1, 3) else None for i, v in enumerate(inputs))
+
+    def ctx():
+        return KernelContext("n", SCALED, 1, types, (TensorType(np.float32, shape),), consts, 1)
+
+    assert qconv.scaled_conv_integer.applies(ctx(), attrs)
+    return qconv.scaled_conv_integer.fn(ctx(), **attrs), quant.scaled_conv_integer.fn(ctx(), **attrs)
+
+
+@pytest.mark.parametrize("case", ["dynamic-3x3-pad", "dynamic-1x1-relu", "dynamic-clip-affine-pc", "dynamic-stride2",
+                                  "dynamic-batch2", "dynamic-nan", "uint8-1x1", "uint8-3x3-pc", "int8-uint8w"])
+def test_scaled_conv_integer_bit_for_bit(case):
+    """ScaledConvInteger (DynamicQuantizeLinear inside, or an 8-bit input with a zero point given at run; per-tensor
+    and per-channel weight zero points; activations and ChannelAffine S/A; a NaN input): the numpy kernel's bits."""
+    rng = np.random.default_rng(sum(map(ord, case)))
+    kw = {"dynamic-3x3-pad": dict(pads=[1, 1, 1, 1]),
+          "dynamic-1x1-relu": dict(k=(1, 1), c=70, activation="Relu", activation_params=[]),
+          "dynamic-clip-affine-pc": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True,
+                                         per_channel=True, pads=[1, 1, 1, 1]),
+          "dynamic-stride2": dict(strides=[2, 2], k=(1, 1), c=33),
+          "dynamic-batch2": dict(n=2, pads=[0, 1, 2, 1]),
+          "dynamic-nan": dict(pads=[1, 1, 1, 1]),
+          "uint8-1x1": dict(dynamic=False, k=(1, 1), c=65, m=70),
+          "uint8-3x3-pc": dict(dynamic=False, per_channel=True, pads=[1, 1, 1, 1], strides=[2, 2]),
+          "int8-uint8w": dict(dynamic=False, xt=np.int8, wt=np.uint8, pads=[1, 1, 1, 1])}[case]
+    inputs, attrs = _scaled_node(rng, **kw)
+    if case == "dynamic-nan":
+        inputs[0][0, 1, 2, 3] = np.nan
+    mine, numpy_run = _scaled_both(inputs, attrs)
+    args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]
+    with np.errstate(invalid="ignore"):
+        got, want = mine(*args), numpy_run(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    assert np.unique(want).size > 20  # the outputs are not all saturated or zero
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+def test_scaled_conv_integer_declines_depthwise_and_float_input_without_dynamic():
+    """A depthwise ScaledConvInteger, or a float32 input without dynamic_input, stays with minfer-ops-conv."""
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import qconv
+
+    rng = np.random.default_rng(3)
+    inputs, attrs = _scaled_node(rng)
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    ctx = KernelContext("n", SCALED, 1, types, (TensorType(np.float32, (1, 20, 6, 7)),),
+                        tuple(v if i in (1, 3) else None for i, v in enumerate(inputs)), 1)
+    assert qconv.scaled_conv_integer.applies(ctx, attrs) == igemm.vnni()
+    assert not qconv.scaled_conv_integer.applies(ctx, dict(attrs, group=9))
+    assert not qconv.scaled_conv_integer.applies(ctx, dict(attrs, dynamic_input=0))
