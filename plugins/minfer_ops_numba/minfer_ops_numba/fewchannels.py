@@ -1,0 +1,198 @@
+"""Conv of a network's stem (at most 4 input channels, 3x3, stride 1 or 2): a compiled im2col + one BLAS GEMM.
+
+The stem of MobileNets, PP-LCNet and the OCR detector (1x3x224x224 -> 32x112x112, 3x3 stride 2) has 27
+multiply-adds an output, so its GEMM is skinny (K = 27) and the im2col copy is a large share of the work:
+numpy's Conv copies strided windows of a padded input (365 us in MobileNetV2 against onnxruntime's 149, one
+thread), and smallconv.py (for convs up to 4M multiply-adds) copies each tap's row with a strided read at
+stride 2. Here, per band of one image's output rows, one compiled call writes the im2col (`im2col`: each
+input row's three taps in one pass, reading its two column phases together), and one GEMM multiplies the
+weights, the bias as their last column (against a row of ones), into the band's rows of the output, where the
+fused op's epilogue finishes them while they are still in cache.
+
+Measured on the 224x224 stem (one thread, loaded host, no epilogue, in-process A/B): 150-170 us against
+220-250 for numpy's Conv and 180-210 for smallconv.py's (its bound lifted); the im2col takes ~45 of them.
+Splitting the rows into zero-bordered phase planes first (phases.py's layout; each im2col row then a
+contiguous copy) took 46-50 us for the im2col against 43-44 this way. Computing the sums directly instead
+(four output channels a pass over phase planes, vectorized over the outputs, no GEMM) took 240-270: that
+loop ran at ~75% of the FP pipes' peak but OpenBLAS's sgemm runs faster; one pass over all 27 taps (the
+weights spill) and fused multiply-adds were slower still. The GEMM also won at 16 and 8 output channels
+(MobileNetV3, the OCR detector's 320x320 stem): 137-165 us against 176-211 for the direct sums.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
+
+from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
+from .window import window
+
+MAX_CHANNELS = 4  # input channels: with more, a plain im2col's copy is a smaller share of the work
+# a band's im2col takes at most this much (4096 columns at 3 channels), so that it and the band's output rows
+# stay in L2 (1 MB a core here) from the copy through the GEMM to the epilogue. The 224x224 stem with a
+# HardSwish epilogue (32 channels) took 193-198 us in bands of 3200 columns, 189-194 in 4096, 175-181 in
+# 6400; the 320x320 one (8 channels) 205-245, 193-218 and 226-466 (OpenBLAS's sgemm of 8 rows ran 1.5-2x
+# slower per output from 4608 columns on)
+UNIT_BYTES = 448 << 10
+# from this many multiply-adds the bands are shared between the intra-op threads (as smallconv.py)
+MIN_SPLIT_MACS = 8_000_000
+
+
+@jit
+def im2col(x, row, cols, geo):  # pragma: no cover - compiled
+    """cols[c*9 + ky*3 + kx, (oy - r0)*ow + ox] = x[n, c, oy*sh - ph + ky, ox*sw - pw + kx] (zero outside x) for
+    image n = geo[0] and output rows r0 = geo[1]..geo[2], and a last row of ones (the bias, as the packed
+    weights' last column). ``geo``: (n, r0, r1, sh, sw, ph, pw), one array (numba's call costs per argument);
+    ``row``: scratch for one zero-bordered input row, (ow - 1)*sw + 3 long.
+
+    Each input row a tap row reads is copied into ``row`` (its borders stay zero), then the three taps kx = 0,
+    1, 2 of that row are written in one pass over the outputs, which at stride 2 reads the row's two column
+    phases together: as one strided copy per tap (smallconv.py's way) the reads do not vectorize.
+    """
+    n, r0, r1, sh, sw, ph, pw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6]
+    channels, height, width = x.shape[1], x.shape[2], x.shape[3]
+    columns = cols.shape[1]
+    ow, inside = columns // (r1 - r0), max(0, min(width, row.size - pw))  # inside: input columns a row holds
+    for j in range(row.size):
+        row[j] = 0.0
+    xf = x.reshape(-1)
+    for c in range(channels):
+        for ky in range(3):
+            d0, d1, d2 = cols[c * 9 + ky * 3], cols[c * 9 + ky * 3 + 1], cols[c * 9 + ky * 3 + 2]
+            for oy in range(r1 - r0):
+                iy, at = (r0 + oy) * sh - ph + ky, oy * ow
+                if iy < 0 or iy >= height:
+                    for ox in range(ow):
+                        d0[uintp(at + ox)] = 0.0
+                        d1[uintp(at + ox)] = 0.0
+                        d2[uintp(at + ox)] = 0.0
+                    continue
+                src = ((n * channels + c) * height + iy) * width
+                for j in range(inside):
+                    row[uintp(pw + j)] = xf[uintp(src + j)]
+                if sw == 1:
+                    for ox in range(ow):
+                        d0[uintp(at + ox)] = row[uintp(ox)]
+                        d1[uintp(at + ox)] = row[uintp(ox + 1)]
+                        d2[uintp(at + ox)] = row[uintp(ox + 2)]
+                else:
+                    for ox in range(ow):
+                        d0[uintp(at + ox)] = row[uintp(2 * ox)]
+                        d1[uintp(at + ox)] = row[uintp(2 * ox + 1)]
+                        d2[uintp(at + ox)] = row[uintp(2 * ox + 2)]
+    if cols.shape[0] > channels * 9:
+        last = cols[channels * 9]
+        for j in range(columns):
+            last[uintp(j)] = 1.0
+
+
+def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A 2-D float32 conv of one group with at most MAX_CHANNELS input channels, a constant 3x3 float32 weight
+    (and bias), strides 1 or 2, no dilation and non-negative pads."""
+    w = ctx.constants[1] if len(ctx.constants) > 1 else None
+    if not is_float32(ctx, 0, rank=4) or w is None or w.ndim != 4 or w.dtype != F32:
+        return False
+    if int(attrs.get("group", 1)) != 1 or w.shape[1] != ctx.input_types[0].shape[1] or w.shape[2:] != (3, 3):
+        return False
+    if w.shape[1] > MAX_CHANNELS or min(attrs.get("pads") or [0]) < 0:
+        return False
+    if any(s not in (1, 2) for s in attrs.get("strides") or [1]) or any(d != 1 for d in attrs.get("dilations") or [1]):
+        return False
+    b = ctx.constants[2] if len(ctx.constants) > 2 else None
+    return not (len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None)
+
+
+class Node:
+    """One Conv node's packed weights (M, C*9 + 1: the bias as a last column), geometry and plans per input shape."""
+
+    def __init__(self, ctx: Any, auto_pad: str, pads: Any, strides: Any) -> None:
+        w = ctx.constants[1]
+        b = ctx.constants[2] if len(ctx.constants) > 2 else None
+        m = w.shape[0]
+        bias = np.zeros((m, 1), np.float32) if b is None else np.asarray(b, np.float32).reshape(m, 1)
+        # copies: the engine frees the initializers (packed=(1, 2))
+        self.packed = np.concatenate([w.reshape(m, -1), bias], axis=1, dtype=np.float32)
+        self.pads, self.auto_pad = pads, auto_pad
+        self.strides = tuple(int(v) for v in strides or (1, 1))
+        self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+
+    def plan(self, shape: tuple[int, ...], threads: int) -> tuple[Any, ...]:
+        """For an input of this shape, once per shape: y's shape, the input row's scratch size, how many parts
+        to run the units in, and each unit (one image's band of output rows) with its compiled call's geometry,
+        its im2col's shape, its columns of y (viewed as (N, M, OH*OW)) and its region of y."""
+        begin, _, (oh, ow) = window(shape[2:], (3, 3), self.strides, (1, 1), self.pads, self.auto_pad,
+                                    clamp_same=True)
+        (sh, sw), n, (m, k) = self.strides, shape[0], self.packed.shape
+        work = n * oh * ow * m * (k - 1)
+        parts = threads if threads > 1 and work >= MIN_SPLIT_MACS else 1
+        bands = bands_of(n, oh, ow, k, parts) if oh * ow else []
+        need = (ow - 1) * sw + 3  # a padded input row, as far as the last output's taps read
+        made = [(np.array((i, r0, r1, sh, sw, begin[0], begin[1]), np.int64), (k, (r1 - r0) * ow),
+                 (i, slice(None), slice(r0 * ow, r1 * ow)), (slice(i, i + 1), slice(None), slice(r0, r1)))
+                for i, r0, r1 in bands]
+        return (n, m, oh, ow), need, min(parts, len(made)), made
+
+
+def bands_of(n: int, rows: int, columns: int, k: int, parts: int) -> list[tuple[int, int, int]]:
+    """(image, r0, r1) units: each image's output rows in equal bands whose im2col (``k`` rows) takes at most
+    UNIT_BYTES (a row at least), and at least ``parts`` bands in all (a thread's share)."""
+    per_image = max(math.ceil(rows * columns * k * 4 / UNIT_BYTES), math.ceil(parts / n))
+    step = math.ceil(rows / min(rows, per_image))
+    return [(i, r0, min(rows, r0 + step)) for i in range(n) for r0 in range(0, rows, step)]
+
+
+_DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=True, applies=applies)
+
+
+@kernel("Conv", since=1, priority=PRIORITY, **_DECLARED)
+def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv-1/11/22 of at most 4 input channels, 3x3 (see `applies`): phase-plane im2col, one BLAS GEMM a band."""
+    node = Node(ctx, auto_pad, pads, strides)
+    packed, plans = node.packed, node.plans
+    _warm(node, ctx.input_types[0].shape)
+
+    def run(x, w=None, b=None, *, out=None, epilogue=None):
+        threads = intra_op_threads()
+        key = x.shape + (threads,)
+        if key not in plans:
+            plans[key] = node.plan(x.shape, threads)
+        shape, need, parts, made = plans[key]
+        y = out if out is not None else np.empty(shape, np.float32)  # out: C-contiguous, as the engine's
+        if y.size == 0:
+            return y
+        xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
+        yg = y.reshape(shape[0], shape[1], -1)
+
+        def span(lo: int, hi: int) -> None:
+            row = scratch("fewchannels-row", (need,), np.float32)
+            for geo, cols_shape, index, region in made[lo:hi]:
+                cols = scratch("fewchannels-cols", cols_shape, np.float32)
+                im2col(xs, row, cols, geo)
+                np.matmul(packed, cols, out=yg[index])
+                if epilogue is not None:
+                    epilogue(y, region)
+
+        parallel_for(len(made), span, parts=parts, outputs_only=True)  # a unit writes only its rows of y
+        return y
+
+    # every unit writes only its own rows of y, inside parallel_for(outputs_only=True): a team may share them
+    return spmd(run)
+
+
+def _warm(node: Node, shape: Any) -> None:
+    """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
+    of the kernels the core compares; and for an input shape known at build, grow this thread's scratch to
+    what a run takes, so that its page faults do not count against this kernel either (the core excludes a
+    candidate whose first call took twice the best one's; the other kernels' scratch may be warm already)."""
+    x = readonly(np.zeros((1, (node.packed.shape[1] - 1) // 9, 1, 1), np.float32))
+    im2col(x, np.zeros(3, np.float32), np.zeros(node.packed.shape[1:] + (1,), np.float32),
+           np.array((0, 0, 1, 1, 1, 1, 1), np.int64))
+    if shape is not None and len(shape) == 4 and all(isinstance(d, int) and d > 0 for d in shape):
+        _, need, _, made = node.plan(tuple(shape), 1)
+        scratch("fewchannels-row", (need,), np.float32).fill(0.0)
+        if made:
+            scratch("fewchannels-cols", max((cols for _, cols, _, _ in made), key=math.prod), np.float32).fill(0.0)
