@@ -10,12 +10,23 @@ integer, a difference that deep per-tensor int8 networks amplify (mobilenet_v2: 
 integers no summation order matters: minfer gives onnxruntime's default level's bits whatever its BLAS or threads.
 
 Pattern (the group onnxruntime's QDQ selectors fuse): a Conv whose X is a DequantizeLinear (per tensor, constant
-float32 scale, constant 8-bit zero point) that only the Conv reads; whose W is a DequantizeLinear of a constant
-8-bit weight (per tensor, or per output channel: axis 0) that only the Conv reads; whose bias, if any, is a
-DequantizeLinear of a constant int32 tensor with zero point 0 and scale ``x_scale * w_scale`` (float32, bit for
-bit), only the Conv reading it; and whose output only a QuantizeLinear reads (per tensor, constant scale, a zero
-point of X's zero point's type). Never through a graph output. Replacement: ``QLinearConv`` with those operands,
-writing the QuantizeLinear's output; `integer` then fuses the Q/DQ around it (``FloatQLinearConv``).
+float32 scale, constant 8-bit zero point); whose W is a DequantizeLinear of a constant 8-bit weight (per tensor, or
+per output channel: axis 0); whose bias, if any, is a DequantizeLinear of a constant int32 tensor with zero point 0
+and scale ``x_scale * w_scale`` (float32, bit for bit); and whose output only a QuantizeLinear reads (per tensor,
+constant scale, a constant 8-bit zero point). Never through a graph output.
+
+Shared DequantizeLinears, as onnxruntime 1.2x on x86-64 decides (its transformers, in their order):
+``EnsureUniqueDQForNodeUnit`` first gives every node input reading a DequantizeLinear its own copy, so another
+reader of X's, W's or B's DequantizeLinear never stops a group by itself; then ``QDQS8ToU8Transformer`` (x86 only:
+``QDQIsInt8Allowed`` is false there) rewrites an int8 QuantizeLinear -> DequantizeLinear pair to uint8 only where the
+QuantizeLinear feeds that one DequantizeLinear, which the copies undo when it had several readers; and the Conv
+selector fuses only when X and Y end up of one type, not int8. So uint8 activations fuse whoever else reads X's
+DequantizeLinear; int8 ones fuse only when X's pair and Y's pair are each alone (a QuantizeLinear feeding one
+DequantizeLinear that one node input reads): quantized resnet50's downsample convs and first block convs (X's
+DequantizeLinear also read by the other branch or the residual Sum), and squeezenet's squeeze convs (Y's read by two
+expand convs), stay float in onnxruntime, so here too. A DequantizeLinear another node still reads stays for it.
+Replacement: ``QLinearConv`` with those operands, writing the QuantizeLinear's output; `integer` then fuses the Q/DQ
+around it (``FloatQLinearConv``).
 
 Not exact against the float graph: an output moves by one step of its grid where the float sum fell within
 rounding of a half step (the pass's tolerance: the largest step its target strategy draws).
@@ -44,16 +55,14 @@ def _scalar(graph: Graph, name: str, dtypes: tuple[np.dtype, ...]) -> np.ndarray
     return value if value is not None and value.size == 1 and value.dtype in dtypes else None
 
 
-def _dequantize(graph: Graph, name: str, reader: Node, zero_point: bool = True) -> Node | None:
-    """The plain DequantizeLinear producing ``name`` (its zero point given, unless not ``zero_point``), which
-    ``reader`` alone reads."""
+def _dequantize(graph: Graph, name: str, zero_point: bool = True) -> Node | None:
+    """The plain DequantizeLinear producing ``name`` (its zero point given, unless not ``zero_point``); other readers
+    allowed: onnxruntime gives each reader its own copy."""
     dq = graph.producer(name)
     if dq is None or dq.domain or dq.op_type != "DequantizeLinear" or set(dq.attrs) - PLAIN_ATTRS:
         return None
     given = len(dq.inputs) > 2 and bool(dq.inputs[2])
-    if len(dq.inputs) < 2 or (zero_point and not given) or graph.sole_consumer(name) is not reader:
-        return None
-    return dq
+    return None if len(dq.inputs) < 2 or (zero_point and not given) else dq
 
 
 def _quantize_out(graph: Graph, conv: Node) -> Node | None:
@@ -63,6 +72,26 @@ def _quantize_out(graph: Graph, conv: Node) -> Node | None:
         return None
     ok = _scalar(graph, q.inputs[1], F32) is not None and _scalar(graph, q.inputs[2], INT8) is not None
     return q if ok and q.inputs[0] == conv.outputs[0] else None
+
+
+def _alone(graph: Graph, q: Node | None, dq: Node | None) -> bool:
+    """Whether onnxruntime's x86 S8->U8 rewrite takes the int8 pair ``q`` -> ``dq``: ``q`` feeds ``dq`` alone, and
+    ``dq`` at most one node input (else its copies would make ``q`` feed several), with equal constant zero points."""
+    if q is None or dq is None or q.domain or q.op_type != "QuantizeLinear" or len(q.inputs) < 3:
+        return False
+    if dq.domain or dq.op_type != "DequantizeLinear" or graph.sole_consumer(q.outputs[0]) is not dq:
+        return False
+    readers = len(graph.consumers(dq.outputs[0]))
+    if readers > 1 or (readers == 1 and dq.outputs[0] in graph.outputs):
+        return False
+    qz = _scalar(graph, q.inputs[2], INT8)
+    dz = _scalar(graph, dq.inputs[2], INT8) if len(dq.inputs) > 2 and dq.inputs[2] else np.zeros((), np.int8)
+    return qz is not None and dz is not None and qz.dtype == dz.dtype == np.int8 and qz.item() == dz.item()
+
+
+def _seen_type(graph: Graph, q: Node | None, dq: Node | None, zero_point: np.ndarray) -> np.dtype:
+    """The 8-bit type onnxruntime's Conv selector sees on one side of the group (int8 made uint8 where it can)."""
+    return np.dtype(np.uint8) if zero_point.dtype == np.uint8 or _alone(graph, q, dq) else np.dtype(np.int8)
 
 
 def _weight_ok(graph: Graph, dw: Node) -> bool:
@@ -92,15 +121,19 @@ def _group(graph: Graph, conv: Node) -> list[Node] | None:
     if conv.domain or conv.op_type != "Conv" or not 2 <= len(conv.inputs) <= 3 or conv.outputs[0] in graph.outputs:
         return None
     q = _quantize_out(graph, conv)
-    dx, dw = (_dequantize(graph, name, conv) for name in conv.inputs[:2])
+    dx, dw = (_dequantize(graph, name) for name in conv.inputs[:2])
     if q is None or dx is None or dw is None or not _weight_ok(graph, dw):
         return None
     xs, xz = _scalar(graph, dx.inputs[1], F32), _scalar(graph, dx.inputs[2], INT8)
-    if xs is None or xz is None or xz.dtype != const(graph, q.inputs[2]).dtype:
+    if xs is None or xz is None or xz.dtype != const(graph, q.inputs[2]).dtype:  # mixed 8-bit types: left float
+        return None
+    x_type = _seen_type(graph, graph.producer(dx.inputs[0]), dx, xz)
+    y_type = _seen_type(graph, q, graph.sole_consumer(q.outputs[0]), const(graph, q.inputs[2]))
+    if x_type != y_type or x_type == np.int8:  # int8 x int8 QLinearConv: not on x86 (QDQIsInt8Allowed)
         return None
     if len(conv.inputs) < 3 or not conv.inputs[2]:
         return [dx, dw, q]
-    db = _dequantize(graph, conv.inputs[2], conv, zero_point=False)
+    db = _dequantize(graph, conv.inputs[2], zero_point=False)
     if db is None or not _bias_ok(graph, db, xs, const(graph, dw.inputs[1])):
         return None
     return [dx, dw, db, q]
@@ -111,23 +144,24 @@ def qdq_integer_conv(graph: Graph) -> bool:
     integer sums, rounded once, as onnxruntime's default level computes the group."""
     if not has_kernel(graph, "", "QLinearConv"):
         return False
-    changed = False
-    for conv in list(graph.nodes):
-        found = _group(graph, conv) if conv in graph.nodes else None
-        if found is None:
-            continue
+    # every group decided on the graph as given, as onnxruntime decides them all after its copies and type rewrites
+    # (fusing one first would hide the QuantizeLinear -> DequantizeLinear pair the next one's types depend on)
+    groups = [(conv, found) for conv in graph.nodes if (found := _group(graph, conv)) is not None]
+    for conv, found in groups:
         dx, dw, q = found[0], found[1], found[-1]
         inputs = [*dx.inputs[:3], *dw.inputs[:3], *q.inputs[1:3]] + ([found[2].inputs[0]] if len(found) == 4 else [])
-        graph.replace([*found[:-1], conv, q], Node("QLinearConv", inputs, list(q.outputs), dict(conv.attrs),
-                                                   conv.name, ""))
-        changed = True
-    return changed
+        graph.replace([conv, q], Node("QLinearConv", inputs, list(q.outputs), dict(conv.attrs), conv.name, ""))
+        for dq in found[:-1]:  # a DequantizeLinear another node still reads stays for it (its own copy, in onnxruntime)
+            if graph.producer(dq.outputs[0]) is dq and not graph.is_used(dq.outputs[0]):
+                graph.remove_node(dq)
+    return bool(groups)
 
 
 def patterns() -> Any:
     """The pass's target strategy: x -> Q/DQ -> Conv(DQ int8 W per tensor or per channel, sometimes a DQ'd int32
     bias) -> Q/DQ, uint8 or int8 activations with random zero points, each intermediate sometimes read elsewhere
-    or a graph output (then the group must not fuse); a bias scale that is not x_scale * w_scale must not either."""
+    or a graph output (which stops an int8 group at X's or Y's pair, and any group at the Conv's output); a bias
+    scale that is not x_scale * w_scale must not fuse either."""
     from hypothesis import strategies as st
 
     from minfer_core.testing import GraphBuilder
