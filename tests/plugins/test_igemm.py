@@ -104,6 +104,16 @@ def test_misfit_operands_are_refused():
         ig.pack_b(np.zeros((8, 3), np.float32))
 
 
+def test_an_llvm_with_typed_pointers_declines_the_kernel(monkeypatch):
+    """Under an LLVM before 17 (typed pointers: the masked load's name is spelt otherwise) the VNNI kernel is off,
+    so the op kernels decline and numpy computes the nodes."""
+    import llvmlite.binding as llvm
+
+    monkeypatch.setattr(ig, "_VNNI", None)
+    monkeypatch.setattr(llvm, "llvm_version_info", (14, 0, 6))
+    assert not ig.vnni()
+
+
 def test_portable_kernel_without_vnni(tmp_path):
     """Compiled for a CPU without AVX-512 VNNI (numba's generic target), the portable micro-kernel is exact too."""
     code = (

@@ -75,10 +75,17 @@ def pack_b(b: np.ndarray) -> Packed | list[Packed]:
 
 
 def vnni() -> bool:
-    """Whether the micro-kernel runs on AVX-512 VNNI here (the host CPU has it and numba compiles for the host)."""
+    """Whether the micro-kernel runs on AVX-512 VNNI here (the host CPU has it and numba compiles for the host).
+
+    False under an LLVM before 17 (llvmlite's, older numba): the IR names a masked load as opaque pointers mangle
+    it, which LLVMs with typed pointers spell otherwise; the op kernels then decline and numpy computes."""
     global _VNNI
     if _VNNI is None:
         import llvmlite.binding as llvm
+
+        if llvm.llvm_version_info < (17,):
+            _VNNI = False
+            return _VNNI
 
         name, features = os.environ.get("NUMBA_CPU_NAME", "host"), os.environ.get("NUMBA_CPU_FEATURES")
         if features is not None:  # numba compiles for these features, not the host's
