@@ -156,13 +156,17 @@ def _weight_dequantized_ops(model: onnx.ModelProto) -> int:
 @pytest.mark.parametrize("name", ["light_resnet50", "mobilenet_v2", "transformer"])
 def test_qdq_weights_feed_int8_kernels(models, name):
     """In a built QDQ model no weight is dequantized ahead of time (each weighted op is a Dequant* op on the int8
-    weight, or an integer conv: qdq_integer_conv) and no activation Q -> DQ pair is left (each is one
-    QuantizeDequantize rounding, or an integer conv's input conversion)."""
+    weight, or an integer conv or matmul: qdq_integer_conv, qdq_integer_matmul) and no activation Q -> DQ pair is
+    left (each is one QuantizeDequantize rounding, an integer conv's input conversion, or a QuantizeLinear that only
+    integer matmuls read)."""
     model = models(name, "qdq_per_channel")[0]
     engine = Engine(model)
     ops = [(n.domain, n.op_type) for n in engine.graph.nodes]
-    assert ("", "DequantizeLinear") not in ops and ("", "QuantizeLinear") not in ops, sorted(set(ops))
-    dequant = sum(op in ("DequantConv", "DequantGemm", "DequantMatMul", "FloatQLinearConv") for _, op in ops)
+    quantized = [n.outputs[0] for n in engine.graph.nodes if (n.domain, n.op_type) == ("", "QuantizeLinear")]
+    readers = {c.op_type for q in quantized for c in engine.graph.consumers(q)}
+    assert ("", "DequantizeLinear") not in ops and readers <= {"ScaledMatMulInteger"}, sorted(set(ops))
+    dequant = sum(op in ("DequantConv", "DequantGemm", "DequantMatMul", "FloatQLinearConv", "ScaledMatMulInteger")
+                  for _, op in ops)
     assert dequant == _weight_dequantized_ops(model) > 0
 
 

@@ -15,7 +15,7 @@ from minfer_core import Pass, hookimpl
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
 from . import layernorm, linear, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
-from . import integer, integer_matmul, lookup, qdq, qdq_exact, qdq_ops
+from . import integer, integer_matmul, lookup, qdq, qdq_exact, qdq_matmul, qdq_ops
 from ._util import fixpoint
 
 
@@ -83,6 +83,11 @@ PASSES = [
     Pass("qdq_integer_conv", qdq_exact.qdq_integer_conv, "extended", requires=TYPED, before=("qdq_fusion", "constant_folding"),
          atol=qdq_exact.STEP, doc=(qdq_exact.qdq_integer_conv.__doc__ or "").strip(),
          patterns="minfer_passes.qdq_exact:patterns"),
+    # before qdq_fusion, which would make the weight a DequantMatMul (float GEMM of a per-run float copy)
+    Pass("qdq_integer_matmul", qdq_matmul.qdq_integer_matmul, "extended", requires=TYPED,
+         before=("qdq_fusion", "constant_folding", "matmul_add_to_gemm", "matmul_bias_fusion", "activation_fusion"),
+         atol=qdq_matmul.STEP, doc=(qdq_matmul.qdq_integer_matmul.__doc__ or "").strip(),
+         patterns="minfer_passes.qdq_matmul:patterns"),
     # before elementwise_fusion, which would take a Relu that this folds into the rounding's bounds
     Pass("qdq_epilogue_fusion", qdq.qdq_epilogue_fusion, "extended", requires=("qdq_fusion",),
          after=("activation_fusion", "conv_residual_fusion", "channel_affine_fusion"), before=("elementwise_fusion",),
