@@ -71,6 +71,26 @@ def reference_conv(x, w, b, pads, strides):
     return y + b.reshape(1, -1, 1, 1)
 
 
+def conv_context(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, constant: bool = True) -> Any:
+    """A Conv node's KernelContext: x a run-time input, w (and b) constants unless ``constant`` is False."""
+    from minfer_core import KernelContext, TensorType
+
+    inputs = [x, w] + ([] if b is None else [b])
+    types = tuple(TensorType(a.dtype, a.shape) for a in inputs)
+    consts = (None,) + (tuple(inputs[1:]) if constant else (None,) * (len(inputs) - 1))
+    return KernelContext("node", "Conv", 22, types, (None,), consts, 1)
+
+
+def onnx_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict) -> np.ndarray:
+    """onnx's reference Conv on the node ``attrs`` describe."""
+    from onnx.reference import ReferenceEvaluator
+
+    names = ["x", "w"] + ([] if b is None else ["b"])
+    node = helper.make_node("Conv", names, ["y"], **attrs)
+    model = make_model([node], [tensor(n, None) for n in names], [tensor("y", None)], opset=22)
+    return ReferenceEvaluator(model).run(None, dict(zip(names, [x, w] + ([] if b is None else [b]))))[0]
+
+
 def spy_parallel_for(monkeypatch: Any, module: Any) -> list[int]:
     """Record the range count of every `parallel_for` call ``module`` makes (the calls still run)."""
     calls: list[int] = []

@@ -14,28 +14,10 @@ from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa:
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_core.testing.conformance import _array, load_cases  # noqa: E402
 from minfer_ops_numba import smallconv  # noqa: E402
-from modelkit import make_model, ort_run, tensor  # noqa: E402
+from modelkit import conv_context as context, make_model, onnx_conv as reference, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
-from onnx.reference import ReferenceEvaluator  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
-
-
-def context(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, constant: bool = True) -> KernelContext:
-    """A Conv node's context: x a run-time input, w (and b) constants unless ``constant`` is False."""
-    inputs = [x, w] + ([] if b is None else [b])
-    types = tuple(TensorType(a.dtype, a.shape) for a in inputs)
-    consts = (None,) + (tuple(inputs[1:]) if constant else (None,) * (len(inputs) - 1))
-    return KernelContext("node", "Conv", 22, types, (None,), consts, 1)
-
-
-def reference(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict) -> np.ndarray:
-    """onnx's reference Conv on the same node."""
-    names = ["x", "w"] + ([] if b is None else ["b"])
-    node = helper.make_node("Conv", names, ["y"], **attrs)
-    model = make_model([node], [tensor(n, None) for n in names], [tensor("y", None)], opset=22)
-    feeds = dict(zip(names, [x, w] + ([] if b is None else [b])))
-    return ReferenceEvaluator(model).run(None, feeds)[0]
 
 
 def case(xs, ws, bias: bool = True, seed: int = 0):
