@@ -25,7 +25,7 @@ from .errors import (
 )
 from .hookspecs import hookimpl, hookspec
 from .kernel import Kernel, KernelContext, OpDef, kernel, kernels_in, onnx_op, op, same_as_input
-from .parallel import intra_op_threads, parallel_for, spmd, using_pool
+from .parallel import claim_threads, intra_op_threads, parallel_for, spmd, using_pool
 from .workspace import release_scratch, scratch, scratch_bytes
 from .tensor import Dim, MapType, OptionalType, SequenceType, Tensor, TensorType
 
@@ -64,7 +64,7 @@ def __getattr__(name: str) -> Any:
 # every eagerly imported name above, and every lazy one
 __all__ = sorted([
     *"""
-    AmbiguousKernelError BadFeedError Dim InvalidGraphError InvalidOutputError Kernel KernelContext
+    AmbiguousKernelError BadFeedError claim_threads Dim InvalidGraphError InvalidOutputError Kernel KernelContext
     KernelError MapType MinferError ModelLoadError OptionalType OpDef PassError PluginLoadError
     RegistrationError SequenceType ShapeInferenceError Tensor TensorType UnsupportedOpError
     UnsupportedOptionError hookimpl hookspec intra_op_threads kernel kernels_in onnx_op op

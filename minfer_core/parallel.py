@@ -7,7 +7,7 @@ session run, or with one thread) `parallel_for` is ``fn(0, n)`` and
 plugin (minfer-parallel) installs its pool for the duration of a run with
 `using_pool`; a pool is anything with a ``threads`` count and a
 ``run(n, fn, parts)`` method (``ranked`` ones also ``run_outputs``, for a
-process team).
+process team; ``claim()`` for `claim_threads`).
 """
 
 from __future__ import annotations
@@ -56,8 +56,14 @@ def using_threads(threads: int) -> Iterator[None]:
 
 def intra_op_threads() -> int:
     """How many threads a kernel running now may split its work over (1 outside a parallel session run)."""
-    pool = _POOL.get()
-    return 1 if pool is None else pool.threads
+    return getattr(_POOL.get(), "threads", 1)
+
+
+def claim_threads() -> int:
+    """For a kernel about to split its work over threads of its own (a compiled team): the run's pool lets its
+    threads go (``pool.claim()``), `parallel_for` running serially until the run ends. The count, or 1."""
+    claim = getattr(_POOL.get(), "claim", None)
+    return claim() if claim is not None else 1
 
 
 def spmd(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -13,7 +13,7 @@ EXAMPLES = dict(re.findall(r"```python\n# example: (\w+)\n(.*?)```", DOC.read_te
 
 def test_the_documented_examples_are_found():
     """The doc holds the examples this file runs (a renamed heading would silently skip one)."""
-    assert {"applies", "choose", "subgraphs"} <= set(EXAMPLES)
+    assert {"applies", "choose", "subgraphs", "claim_threads"} <= set(EXAMPLES)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))

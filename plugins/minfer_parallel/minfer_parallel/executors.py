@@ -62,6 +62,7 @@ class ThreadsExecutor(SequentialExecutor):
         self.staged: dict[Signature, tuple[list[Item], list[int]]] = {}  # the staged loop (stages.compose)
         self.pending: set[Signature] = set()  # signatures still timing their stages
         self.calibrations: dict[Signature, Calibration] = {}
+        self.teams: dict[Signature, procs.ModeChoice] = {}  # per shape: let kernels claim the threads, or not
 
     def _acquire(self, threads: int) -> ThreadPool:
         pool = acquire_pool(threads)
@@ -82,16 +83,36 @@ class ThreadsExecutor(SequentialExecutor):
             pool = self.pool = self._acquire(pool.threads)
         # kernels split their own work over the pool's threads; numpy's BLAS runs one thread per call
         previous = set_blas_threads(1) if want else None
+        choice, claims, start = None, 0, 0.0
         if pool is not None:
+            choice = self.teams.get(sig)
+            pool.claimable = choice is None or choice.want_team()
+            claims, start = pool.claims, time.perf_counter()
             pool.enter()
+            if choice is not None and pool.claimable:
+                pool.claim()  # from the start: no kernel before the first team's wakes the pool's threads
         try:
             with using_pool(pool):
                 return super().run(vals, sig, observers, fresh)
         finally:
             if pool is not None:
                 pool.leave()
+                self._learn(sig, choice, pool, pool.claims > claims, time.perf_counter() - start, fresh)
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
+
+    def _learn(self, sig: Signature, choice: procs.ModeChoice | None, pool: ThreadPool, claimed: bool,
+               seconds: float, fresh: bool) -> None:
+        """Whether this shape's runs let kernels claim the threads for their own team (minfer_core.claim_threads):
+        other kernels' parallel_for then runs serially, which pays on models whose splits are nearly all
+        compiled teams (MobileNetV2, b1: 3.9 ms against 5.4) and may not where numpy's Winograd convs split
+        over the pool. Once a run claimed, the next runs alternate with and without, and the faster stays
+        (procs.ModeChoice: its best run each way)."""
+        if choice is None:
+            if claimed and not fresh:
+                self.teams[sig] = procs.ModeChoice()
+        elif choice.team is None:
+            choice.record(pool.claimable, seconds)
 
     def run_bound(self, sig: Signature, vals: list[Any], steps: list[Any], observers: Sequence[Any]) -> None:
         threads = intra_op_threads()
@@ -122,7 +143,7 @@ class ThreadsExecutor(SequentialExecutor):
                 self.staged[s] = compose(self.plans.bound[s], st, cost)
 
     def forget(self, sig: Signature | None) -> None:
-        for cache in (self.stages, self.staged, self.calibrations):
+        for cache in (self.stages, self.staged, self.calibrations, self.teams):
             if sig is None:
                 cache.clear()
             else:

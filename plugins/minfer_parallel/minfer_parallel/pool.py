@@ -192,6 +192,9 @@ class ThreadPool:
         self._wake = [threading.Semaphore(0) for _ in range(helpers)]
         self._users = 0  # using_threads blocks in progress: woken workers spin while there are any
         self._awake = False
+        self._claimed = False  # a kernel's own threads have the cores (claim) until the last user leaves
+        self.claimable = True  # whether `claim` lets a kernel have them (the executor's per-run choice)
+        self.claims = 0  # claims granted so far (the executor learns from it whether a run had a team)
         self._users_lock = threading.Lock()
         self._tids: list[int] = []
         self.forks = 0  # (see made_before_fork)
@@ -261,14 +264,40 @@ class ThreadPool:
         """A run stops using the pool: the last one out sends awake workers to sleep (and waits until they are)."""
         with self._users_lock:
             self._users -= 1
-            if self._users == 0 and self._awake:
-                self._awake = False
-                for i, go in enumerate(self._go):
-                    self._jobs[i] = _PARK
-                    go.post()
-                for done in self._done:
-                    done.wait()
+            if self._users == 0:
+                self._park_awake()
+                self._claimed = False
         self._unpin_caller()
+
+    def _park_awake(self) -> None:
+        """Send awake workers to sleep and wait until they are (the caller holds ``_users_lock``)."""
+        if self._awake:
+            self._awake = False
+            for i, go in enumerate(self._go):
+                self._jobs[i] = _PARK
+                go.post()
+            for done in self._done:
+                done.wait()
+
+    def claim(self) -> int:
+        """A kernel splits its work over threads of its own (``minfer_core.claim_threads``: minfer-ops-numba's
+        OpenMP team): awake workers go to sleep and `run` calls its ranges serially until the last user leaves.
+        Both sets of threads spin while they wait for work, and on a machine with a CPU each for them, a
+        spinning worker on the CPU the other set needs held it off until a scheduler tick (measured: a
+        MobileNetV2 run of 6 ms took 8). Returns the thread count, or 1 when the executor said no (``claimable``):
+        the kernel then splits with `run` as the others do."""
+        if not self.claimable:
+            return 1
+        if self.threads > 1 and not self._claimed:
+            self.claims += 1
+            self._claimed = True
+            if self._busy.acquire(blocking=False):  # else another run uses the workers: its end parks them
+                try:
+                    with self._users_lock:
+                        self._park_awake()
+                finally:
+                    self._busy.release()
+        return self.threads
 
     def _pin_caller(self) -> None:
         pin_caller(self._where if self.threads > 1 and len(self._cpus) > 1 else None)
@@ -302,7 +331,7 @@ class ThreadPool:
     def run(self, n: int, fn: Callable[[int, int], None], parts: int) -> None:
         """Call ``fn(lo, hi)`` over ``parts`` contiguous ranges covering [0, n), the ranges taken by whoever is free."""
         parts = max(1, min(parts, n))
-        if parts == 1 or self.threads == 1 or not self._busy.acquire(blocking=False):
+        if parts == 1 or self.threads == 1 or self._claimed or not self._busy.acquire(blocking=False):
             fn(0, n)
             return
         entered = self._users == 0  # used outside a using_threads block: the workers sleep again after this call

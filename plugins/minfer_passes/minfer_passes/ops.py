@@ -156,15 +156,19 @@ def _split(inputs: tuple[np.ndarray | None, ...], arity: int, held: dict[int, np
 
 
 def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarray],
-                   act: Callable[..., Any] | None, params: list[float]) -> Callable[..., Any]:
+                   act: Callable[..., Any] | None, params: list[float], activation: str = "") -> Callable[..., Any]:
     """The fused run for a base kernel that takes ``epilogue=``: residual and activation per finished tile.
 
     The base kernel writes each tile (into ``out``, never into an input: it declared ``out``) and hands it
-    over while it is still in cache; the tiles cover the output once, possibly from several threads.
+    over while it is still in cache; the tiles cover the output once, possibly from several threads. Each
+    epilogue describes itself (``spec``: activation, params, residual; docs/kernel-contract.md), so that a
+    compiled kernel may apply it in its own code instead of calling it.
     """
 
     def act_only(y: np.ndarray, region: tuple[slice, ...]) -> None:
         act(y[region], params)  # type: ignore[misc]
+
+    act_only.spec = (activation, tuple(params), None)  # type: ignore[attr-defined]
 
     def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
         if not held and len(inputs) <= arity:  # the base op's inputs as they come, one epilogue for every call
@@ -180,6 +184,7 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
             if act is not None:
                 act(part, params)
 
+        finish.spec = (activation, tuple(params), z)  # type: ignore[attr-defined]
         return fn(*args, out=out, epilogue=finish)
 
     # the epilogue runs inside the base kernel's output tiles: a process team may share them when it may
@@ -252,7 +257,7 @@ def _fused(base: str) -> Callable[..., Any]:
         # a kernel that promised views=False never returns an input's memory: skip the overlap test
         may_alias = inner.views is not False
         if inner.epilogue and writes_out:
-            return _with_epilogue(fn, arity, held, act, params)
+            return _with_epilogue(fn, arity, held, act, params, activation)
 
         def run(*inputs: np.ndarray | None, out: np.ndarray | None = None) -> np.ndarray:
             args, z = _split(inputs, arity, held)
