@@ -9,7 +9,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 
 import minfer_core  # noqa: E402
 from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa: E402
-from minfer_ops_numba import activation  # noqa: E402
+from minfer_ops_numba import activation, team  # noqa: E402
 from minfer_passes import ops  # noqa: E402
 from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
@@ -128,6 +128,7 @@ def first_conv_method(monkeypatch):
 
     monkeypatch.setattr(conv, "TUNE", False)
     monkeypatch.setenv("MINFER_TUNE", "0")
+    monkeypatch.setattr(team, "size", lambda: 1)  # the Python epilogue under test: no native team takes it over
 
 
 ACTS = [  # (activation node(s) after ``name``, extra initializers, opset)

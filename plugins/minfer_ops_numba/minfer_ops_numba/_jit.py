@@ -55,11 +55,12 @@ class Compiled:
     take.
     """
 
-    __slots__ = ("fn", "dispatcher")
+    __slots__ = ("fn", "dispatcher", "parallel")
 
-    def __init__(self, fn: Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], parallel: bool = False) -> None:
         self.fn = fn
         self.dispatcher: Any = None
+        self.parallel = parallel
 
     def __call__(self, *args: Any) -> Any:
         if self.dispatcher is None:
@@ -68,12 +69,17 @@ class Compiled:
 
 
 _PENDING: dict[str, list[Compiled]] = {}
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()  # reentrant: a module compiles the modules whose functions it calls
 
 
-def jit(fn: Callable[..., Any]) -> Compiled:
-    """``numba.njit(nogil=True, cache=True, fastmath=False)``, applied at the first call, cached in `cache_dir`."""
-    compiled = Compiled(fn)
+def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False) -> Any:
+    """``numba.njit(nogil=True, cache=True, fastmath=False)``, applied at the first call, cached in `cache_dir`.
+
+    ``@jit(parallel=True)`` also compiles ``numba.prange`` loops to run on numba's threads (team.py: only its
+    drivers, called when `team.size` says a native team runs)."""
+    if fn is None:
+        return lambda f: jit(f, parallel=parallel)
+    compiled = Compiled(fn, parallel)
     _PENDING.setdefault(fn.__module__, []).append(compiled)
     return compiled
 
@@ -88,11 +94,19 @@ def _compile_module(name: str) -> None:
         import numba
 
         namespace = vars(sys.modules[name])
+        for key, value in list(namespace.items()):  # another module's jit function called from here: compiled
+            if isinstance(value, Compiled) and value.fn.__module__ != name:
+                if value.dispatcher is None:
+                    _compile_module(value.fn.__module__)
+                namespace[key] = value.dispatcher
         namespace["uintp"] = numba.uintp
+        for stand_in in ("prange", "get_thread_id"):  # team.py's stand-ins, in the modules that import them
+            if stand_in in namespace:
+                namespace[stand_in] = getattr(numba, stand_in)
         saved = numba.config.CACHE_DIR
         numba.config.CACHE_DIR = str(cache_dir())
         try:
-            made = [numba.njit(nogil=True, cache=True, fastmath=False)(c.fn) for c in pending]
+            made = [numba.njit(nogil=True, cache=True, fastmath=False, parallel=c.parallel)(c.fn) for c in pending]
         finally:
             numba.config.CACHE_DIR = saved
         # every name in place before any proxy hands out its dispatcher: a thread calling one compiles it, and

@@ -26,7 +26,9 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 
+from . import team
 from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
+from .team import NOTHING, finish, prange  # noqa: F401 (finish, prange: compiled code calls them)
 from .window import window
 
 # above this many multiply-adds per image the conv is left to numpy's kernel, whose per-call overhead no longer
@@ -41,27 +43,32 @@ UNIT_BYTES = 256 << 10
 # thread costs 10-50 us, more on a loaded host (at 2M, as depthwise.py's, mobilenet_v3_small at batch 1 took 5%
 # longer than with numpy's Conv alone; so a single image, at most MAX_MACS, never splits)
 MIN_SPLIT_MACS = 8_000_000
+# with a native team (team.py) a hand-over costs about a microsecond: a conv splits from this size (~5 us of work
+# a thread), and convs up to TEAM_MAX_MACS an image are offered (the core times them against numpy's kernel)
+TEAM_SPLIT_MACS = 200_000
+TEAM_MAX_MACS = 64_000_000
+SMALL_MAP = 1024  # output cells: on maps up to this size a team splits a conv's output channels, not its rows
 
 
 @jit
-def im2col(x, cols, geo):  # pragma: no cover - compiled
+def im2col(x, cf, images, group, rows, n, geo):  # pragma: no cover - compiled
     """cols[j, g, (c % cg)*kh*kw + ky*kw + kx, (oy - r0)*ow + ox] = x[i0 + j, c, oy*sh - ph + ky*dh, ox*sw - pw + kx*dw]
     (c in group g of cg channels), zero outside x, for output rows r0..r1 of images i0..; a last row of ones in
     each group when cols has room for it (the bias, as a column of the packed weights).
 
-    ``geo``: (i0, r0, r1, kh, kw, sh, sw, ph, pw, dh, dw), one array (numba's call costs per argument). Each
+    ``cols`` is the flat C-contiguous ``cf`` of shape (images, group, rows, n). ``geo``: (i0, r0, r1, kh, kw, sh,
+    sw, ph, pw, dh, dw), one array (numba's call costs per argument). Each
     channel's window is first copied into a zero-bordered plane, so that every tap's row is one loop without
     bounds: 1.5-2.7x faster than clipping each row to the input (three loops per row, at 8-32 columns).
     """
     i0, r0, r1, kh, kw, sh, sw, ph, pw, dh, dw = geo[0], geo[1], geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], \
         geo[8], geo[9], geo[10]
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
-    images, group, rows, n = cols.shape
     ow, cg = n // (r1 - r0), channels // group
     top, hp, wp = r0 * sh - ph, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
     lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
     plane = np.empty(hp * wp, np.float32)
-    xf, cf = x.reshape(-1), cols.reshape(-1)
+    xf = x.reshape(-1)
     for j in range(images):
         for c in range(channels):
             for r in range(hp):
@@ -95,6 +102,35 @@ def im2col(x, cols, geo):  # pragma: no cover - compiled
                     cf[uintp(((j * group + g) * rows + rows - 1) * n + t)] = 1.0
 
 
+@jit(parallel=True)
+def team_units(address, xs, full, bias, y, z, found, geos, cols, direct, op, a, b):  # pragma: no cover - compiled
+    """The units ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels) of a group-1 conv over a native team (team.py), one part of
+    them a thread: a unit's im2col into its thread's row of ``cols`` (none when ``direct``: a 1x1 conv at stride
+    1 without pads multiplies its input as it lies), a BLAS GEMM an image into y's rows, then the epilogue
+    (`team.finish`; ``bias`` there when ``direct``, else it is empty: a column of ``full`` against im2col's row of
+    ones), the same operations in the same order as `conv`'s Python path. y is (N, M, OH*OW), ``full`` (M, K + 1),
+    ``geos`` a unit's im2col geometry and its output width."""
+    m, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
+    k = xs.shape[1] if direct else rows
+    yf, x0, y0, w0 = y.reshape(-1), np.int64(xs.ctypes.data), np.int64(y.ctypes.data), np.int64(full.ctypes.data)
+    parts = cols.shape[0]
+    for t in prange(parts):
+        cf = cols[t]
+        c0 = np.int64(cf.ctypes.data)
+        for u in range(found.shape[0] * t // parts, found.shape[0] * (t + 1) // parts):
+            i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
+            ow = geos[u, 11]
+            ncols = (r1 - r0) * ow
+            if not direct:
+                im2col(xs, cf, i1 - i0, 1, rows, ncols, geos[u])
+            for i in range(i0, i1):
+                at = (i * m + m0) * ohw + r0 * ow
+                src = x0 + 4 * (i * k * hw + r0 * ow) if direct else c0 + 4 * (i - i0) * rows * ncols
+                gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
+                     ohw, np.float32(0))
+                finish(yf, z, at, m1 - m0, ncols, ohw, bias, m0, op, a, b)
+
+
 def macs(ctx: Any, w: np.ndarray, attrs: dict[str, Any]) -> int | None:
     """Multiply-adds of the conv per image, None when the input's spatial shape is not known."""
     shape = ctx.input_types[0].shape
@@ -121,14 +157,17 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
         return False  # a bias computed at run time: numpy's kernel
     work = macs(ctx, w, attrs)
-    return work is not None and work <= MAX_MACS
+    # the team's larger bound leaves a network's stem (4 input channels or fewer) to fewchannels.py
+    bound = TEAM_MAX_MACS if group == 1 and channels > 4 and team.available() and team.gemm_address() else MAX_MACS
+    return work is not None and work <= bound
 
 
-def units(n: int, rows: int, row_bytes: int, work: int, threads: int) -> tuple[list[tuple[int, int, int, int]], int]:
+def units(n: int, rows: int, row_bytes: int, work: int, threads: int,
+          split: int = MIN_SPLIT_MACS) -> tuple[list[tuple[int, int, int, int]], int]:
     """(i0, i1, r0, r1) units (images i0..i1, output rows r0..r1) and how many parts to run them in: runs of
     whole images whose im2col (``row_bytes`` an output row) stays under UNIT_BYTES, one per thread at least
-    when the work pays for the hand-over; else bands of each image's rows."""
-    parts = threads if threads > 1 and n * work >= MIN_SPLIT_MACS else 1
+    when the work (from ``split`` multiply-adds) pays for the hand-over; else bands of each image's rows."""
+    parts = threads if threads > 1 and n * work >= split else 1
     fit = max(1, UNIT_BYTES // max(row_bytes, 1))  # rows
     if rows > fit or n < parts <= rows:
         per = min(fit, math.ceil(rows / math.ceil(parts / n)))
@@ -155,14 +194,14 @@ class Node:
         self.packed = np.concatenate([w.reshape(g, m // g, -1), bias.reshape(g, m // g, 1)], axis=2, dtype=np.float32)
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
-    def plan(self, x: np.ndarray, threads: int) -> tuple[Any, ...]:
+    def plan(self, x: np.ndarray, threads: int, split: int = MIN_SPLIT_MACS) -> tuple[Any, ...]:
         """For input x, once per shape: whether the GEMMs are 2-D, the shapes x and y are viewed in for them,
         y's shape, the units and how many parts to run them in; each unit with its compiled call's geometry
         (None: no im2col), its scratch shape, its columns (in those views) and its region of y."""
         begin, _, (oh, ow) = window(x.shape[2:], self.kernel, self.strides, self.dilations, self.pads,
                                     self.auto_pad, clamp_same=True)
         g, mg, rows = self.packed.shape
-        found, parts = units(x.shape[0], oh, g * rows * ow * 4, oh * ow * self.packed.size, threads)
+        found, parts = units(x.shape[0], oh, g * rows * ow * 4, oh * ow * self.packed.size, threads, split)
         geometry = self.kernel + self.strides + (int(begin[0]), int(begin[1])) + self.dilations
         # a 1x1 conv at stride 1 without pads is a GEMM on its input as it lies: no copy (the bias added after)
         direct = self.kernel == self.strides == (1, 1) and begin == (0, 0) and (oh, ow) == x.shape[2:]
@@ -180,6 +219,27 @@ class Node:
         x_by, y_by = by_group + (-1, x.shape[2] * x.shape[3]), by_group + (-1, oh * ow)
         return flat, x_by, y_by, (n, g * mg, oh, ow), made, parts
 
+    def team_plan(self, x: np.ndarray, threads: int) -> tuple[Any, ...]:
+        """`team_units`' arguments for input x (group 1), once per shape: the units as rows (i0, i1, r0, r1, m0, m1),
+        their im2col geometry and output width, the scratch a thread needs, whether the GEMM reads x as it lies
+        (then the bias is added after it), y's shape, and how many threads to use."""
+        _, _, _, shape, made, parts = self.plan(x, threads, TEAM_SPLIT_MACS)
+        m, cells = shape[1], shape[2] * shape[3]
+        blocks = [(0, m)]
+        if parts > 1 and shape[0] < parts and cells <= SMALL_MAP:
+            # a small map: split the output channels instead of the rows, so that each thread reads only its
+            # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 120 us on two threads)
+            _, _, _, _, made, _ = self.plan(x, 1)
+            step = -(-m // (parts * 16)) * 16
+            blocks = [(m0, min(m, m0 + step)) for m0 in range(0, m, step)]
+        found = np.array([[r[0].start, r[0].stop, r[2].start, r[2].stop, m0, m1] for *_, r in made
+                          for m0, m1 in blocks], np.int64)
+        geos = np.array([[*(geo if geo is not None else (0,) * 11), shape[3]] for geo, *_ in made
+                         for _ in blocks], np.int64)
+        direct = made[0][0] is None
+        size = 1 if direct else max(math.prod(cols_shape) for _, cols_shape, _, _ in made)
+        return found, geos, (min(parts, len(found)), size), direct, shape
+
 
 _DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=True, applies=applies)
 
@@ -194,7 +254,35 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     matrices = packed[0], packed[0, :, :-1], packed[0, :, -1:]
     _warm(node)
 
+    bias = readonly(np.ascontiguousarray(packed[0, :, -1]))
+    address = team.gemm_address() if node.group == 1 and team.available() else 0
+    if address:
+        globals()["gemm"] = team.install()  # before team_units compiles: it looks the name up here
+
+    def on_team(x: np.ndarray, out: np.ndarray | None, size: int, fused: tuple[Any, ...]) -> np.ndarray | None:
+        """The conv on a native team into ``out`` (or a new array), or None when the residual does not fit."""
+        op, a, b, z = fused
+        key = x.shape + (size, "team")
+        if key not in plans:
+            plans[key] = node.team_plan(x, size)
+        found, geos, cols_shape, direct, shape = plans[key]
+        if not team.fits(z, shape):
+            return None
+        y = out if out is not None else np.empty(shape, np.float32)
+        if y.size:
+            cols = scratch("smallconv-team", cols_shape, np.float32)
+            team_units(address, readonly(np.ascontiguousarray(x)), packed[0], bias if direct else NOTHING,
+                       y.reshape(shape[0], shape[1], -1), NOTHING if z is None else readonly(z.reshape(-1)), found, geos,
+                       cols, direct, op, a, b)
+        return y
+
     def run(x, w=None, b=None, *, out=None, epilogue=None):
+        if address:
+            size = team.size()
+            fused = team.native(epilogue) if epilogue is not None else team.PLAIN
+            y = on_team(x, out, size, fused) if size > 1 and fused is not None else None
+            if y is not None:
+                return y
         threads = intra_op_threads()
         key = x.shape + (threads,)
         if key not in plans:
@@ -215,7 +303,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
                     np.add(dst, bias, out=dst)
                 else:
                     cols = scratch("smallconv-cols", cols_shape, np.float32)
-                    im2col(xs, cols, geo)
+                    im2col(xs, cols.reshape(-1), *cols_shape, geo)
                     np.matmul(full, cols[0, 0] if flat else cols, out=dst)
                 if epilogue is not None:
                     epilogue(y, region)
@@ -231,4 +319,5 @@ def _warm(node: Node) -> None:
     """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
     of the kernels the core compares."""
     x = readonly(np.zeros((1, node.group, 1, 1), np.float32))
-    im2col(x, np.zeros((1, node.group, 2, 1), np.float32), np.array((0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1), np.int64))
+    im2col(x, np.zeros(2 * node.group, np.float32), 1, node.group, 2, 1,
+           np.array((0, 0, 1, 1, 1, 1, 1, 0, 0, 1, 1), np.int64))
