@@ -23,17 +23,22 @@ PROBE = textwrap.dedent(
             if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024.0
 
-    n, k = 2048, 8192  # a 64 MiB fully-connected weight, stored [N, K] as exporters write it (transB=1)
-    w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
-    node = helper.make_node(sys.argv[1], ["x", "w"], ["y"], **({"transB": 1} if sys.argv[1] == "Gemm" else {}))
-    w_init = numpy_helper.from_array(w if sys.argv[1] == "Gemm" else np.ascontiguousarray(w.T), "w")
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])], [w_init])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    def fc(n, k):  # a fully-connected layer, its weight stored [N, K] as exporters write it (transB=1)
+        w = np.random.default_rng(0).standard_normal((n, k)).astype(np.float32)
+        node = helper.make_node(sys.argv[1], ["x", "w"], ["y"], **({"transB": 1} if sys.argv[1] == "Gemm" else {}))
+        w_init = numpy_helper.from_array(w if sys.argv[1] == "Gemm" else np.ascontiguousarray(w.T), "w")
+        graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])], [w_init])
+        return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+    # a small one first: the kernels' libraries are imported and their code compiled or loaded (numba and its
+    # LLVM take ~130 MB once a process), which is not what this measures
+    minfer_core.InferenceSession(fc(64, 256)).run(None, {"x": np.ones((4, 256), np.float32)})
+    n, k = 2048, 8192  # a 64 MiB weight
+    model = fc(n, k)
     if sys.argv[2] != "proto":
         open(sys.argv[2], "wb").write(model.SerializeToString())
         model = sys.argv[2]
-    del w, w_init, graph, node
     gc.collect()
     base = status("VmRSS")  # with "proto", the caller holds the parsed model (the weights once), as bench/memprobe
     open("/proc/self/clear_refs", "w").write("5")

@@ -150,7 +150,7 @@ def _gemm_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, split: tuple[int, in
     if split is None:
 
         def whole_gemm() -> None:
-            np.matmul(a2, b, out=y2)
+            streaming.product(a2, b, y2)
             if finish is not None:
                 finish((slice(None),) * y.ndim)
 
@@ -161,7 +161,7 @@ def _gemm_into(y: np.ndarray, a: np.ndarray, b: np.ndarray, split: tuple[int, in
 
     def part(lo: int, hi: int) -> None:
         if axis == y.ndim - 1:
-            np.matmul(a2, b[:, lo:hi], out=y2[:, lo:hi])
+            streaming.product(a2, b[:, lo:hi], y2[:, lo:hi])
         else:  # rows lo*inner .. hi*inner of the merged GEMM are y[..., lo:hi, ...] along axis
             np.matmul(a2[lo * inner : hi * inner], b, out=y2[lo * inner : hi * inner])
         if finish is not None:
