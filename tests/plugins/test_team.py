@@ -254,3 +254,21 @@ def test_the_executor_decides_per_shape_whether_kernels_may_claim(monkeypatch):
         np.testing.assert_allclose(session.run(None, {"x": x})[0], first, rtol=1e-6, atol=1e-7)
     (choice,) = executor.teams.values()
     assert choice.team is not None
+
+
+@pytest.mark.parametrize("given", [{}, {"OMP_WAIT_POLICY": "passive"}, {"GOMP_SPINCOUNT": "5"}])
+def test_the_team_spins_briefly_unless_the_user_said(given):
+    """A process whose environment names neither GOMP_SPINCOUNT nor OMP_WAIT_POLICY starts its team with
+    team.SPINCOUNT (libgomp reads it once, when numba loads it); a user's setting is left as it is."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")} | given
+    code = "import os; from minfer_ops_numba import team; ok = team.available(); print(ok, os.environ.get('GOMP_SPINCOUNT'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    ok, spin = out.stdout.split()
+    if ok != "True":
+        pytest.skip("no native team in this process (numba's threading layer)")
+    assert spin == given.get("GOMP_SPINCOUNT", "None" if given else team.SPINCOUNT)

@@ -46,6 +46,11 @@ from ._jit import jit, uintp  # noqa: F401 (uintp: rebound to numba's type at co
 from .activation import CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, _value  # noqa: F401 (_value: compiled)
 
 ENV = "MINFER_NUMBA_TEAM"
+# How long an OpenMP thread spins for work (and the caller for its team at a loop's end) before it sleeps, unless
+# the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY: libgomp's default (300,000, ~7 ms here) made a loop whose other
+# thread had lost its CPU to another process cost ~6 ms (the caller spun all of it); 20,000 is ~0.4 ms, longer than
+# the gaps between the kernels of a run, so a run's hand-overs still find the team spinning.
+SPINCOUNT = "20000"
 LAYERS = ("omp", "tbb")
 NONE = -1  # `finish`'s op when the epilogue has no activation (bias and residual only)
 
@@ -141,6 +146,8 @@ def available() -> bool:
         with _lock:
             if "ok" not in _state:
                 ok = os.environ.get(ENV, "1") != "0"
+                if ok and not any(v in os.environ for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
+                    os.environ["GOMP_SPINCOUNT"] = SPINCOUNT  # read by libgomp when numba first loads it, below
                 if ok:
                     try:
                         _start()
