@@ -46,7 +46,7 @@ MIN_SPLIT_MACS = 8_000_000
 # with a native team (team.py) a hand-over costs about a microsecond: a conv splits from this size (~5 us of work
 # a thread), and convs up to TEAM_MAX_MACS an image are offered (the core times them against numpy's kernel)
 TEAM_SPLIT_MACS = 200_000
-TEAM_MAX_MACS = 64_000_000
+TEAM_MAX_MACS = 64_000_000  # for pointwise convs only (`_pointwise`)
 SMALL_MAP = 1024  # output cells: on maps up to this size a team splits a conv's output channels, not its rows
 
 
@@ -157,9 +157,16 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
         return False  # a bias computed at run time: numpy's kernel
     work = macs(ctx, w, attrs)
-    # the team's larger bound leaves a network's stem (4 input channels or fewer) to fewchannels.py
-    bound = TEAM_MAX_MACS if group == 1 and channels > 4 and team.available() and team.gemm_address() else MAX_MACS
+    bound = TEAM_MAX_MACS if _pointwise(w, attrs) and team.available() and team.gemm_address() else MAX_MACS
     return work is not None and work <= bound
+
+
+def _pointwise(w: np.ndarray, attrs: dict[str, Any]) -> bool:
+    """A 1x1 conv at stride 1 without pads, group 1: the GEMM reads its input as it lies. Only these take the team's
+    larger bound: an im2col conv of more work is cut into row bands of UNIT_BYTES, each a GEMM too narrow to pay
+    (the OCR detector's 96->24 3x3 at 80x80, 13M multiply-adds: 6.5 ms in 80 one-row bands, one thread)."""
+    flat = w.shape[2:] == (1, 1) and int(attrs.get("group", 1)) == 1
+    return flat and set(attrs.get("strides") or [1]) == {1} and not any(attrs.get("pads") or [0])
 
 
 def units(n: int, rows: int, row_bytes: int, work: int, threads: int,
