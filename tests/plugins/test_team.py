@@ -272,3 +272,38 @@ def test_the_team_spins_briefly_unless_the_user_said(given):
     if ok != "True":
         pytest.skip("no native team in this process (numba's threading layer)")
     assert spin == given.get("GOMP_SPINCOUNT", "None" if given else team.SPINCOUNT)
+
+
+def test_a_process_forked_after_the_team_started_runs_without_it():
+    """numba's OpenMP layer is not fork-safe: a child forked after a team ran has no team (available() is False)
+    and computes the same model with parallel_for."""
+    import os
+    import subprocess
+    import sys
+
+    _needs_team()
+    code = """
+import os, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+os.environ["MINFER_TUNE"] = "0"
+import minfer_core
+from test_team import _gemm_model
+from minfer_ops_numba import team
+model = _gemm_model(8, 512, 300, 1, "Relu", True)
+x = np.ones((8, 512), np.float32)
+session = minfer_core.InferenceSession(model, threads=2)
+want = session.run(None, {"x": x})[0]
+assert team.available()
+pid = os.fork()
+if pid == 0:
+    got = session.run(None, {"x": x})[0]
+    os._exit(0 if np.allclose(got, want, rtol=1e-6) and not team.available() else 3)
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+    here = os.path.dirname(__file__)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0"

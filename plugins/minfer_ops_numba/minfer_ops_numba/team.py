@@ -18,7 +18,8 @@ calling thread); otherwise it splits with
 `size` is ``intra_op_threads()`` where numba's threading layer is OpenMP
 or TBB (`LAYERS`: numba picks TBB when the tbb package is installed, else
 OpenMP, whose libgomp comes with gcc's runtime), and 1 where it is neither,
-outside a parallel session run, or with ``MINFER_NUMBA_TEAM=0``. OpenMP's
+outside a parallel session run, with ``MINFER_NUMBA_TEAM=0``, or in a
+process forked after the team started (`_forked`). OpenMP's
 threads inherit the CPU set of the thread that first starts a team, and
 minfer-parallel pins a running session's thread to one CPU: so each thread
 starts its team once with its CPU set widened to every CPU (`_start`).
@@ -155,10 +156,20 @@ def available() -> bool:
 
                         ok = numba.threading_layer() in LAYERS
                         _state["max"] = numba.config.NUMBA_NUM_THREADS
+                        if ok and hasattr(os, "register_at_fork"):
+                            os.register_at_fork(after_in_child=_forked)
                     except (ValueError, ImportError, OSError):  # no threading layer loads
                         ok = False
                 _state["ok"] = ok
     return _state["ok"]
+
+
+def _forked() -> None:
+    """In a forked child: no native teams. numba documents its OpenMP layer as not fork-safe (the parent's team
+    threads do not exist in the child; this machine's libgomp started new ones, others may wait for the old);
+    the kernels split with parallel_for, whose pools start afresh after a fork."""
+    _state["ok"] = False
+    _local.__dict__.clear()
 
 
 @jit(parallel=True)
