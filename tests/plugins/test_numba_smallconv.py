@@ -127,11 +127,10 @@ def test_applies_only_to_small_float32_non_depthwise_convs_with_constant_weights
 
 def _spy(monkeypatch) -> list[int]:
     """Record the images of every compiled im2col call the small conv makes (the calls still run), on its
-    parallel_for path: a native team's calls happen inside compiled code (tests/plugins/test_team.py)."""
+    Python path (a group-1 conv otherwise runs compiled end to end: tests/plugins/test_team.py)."""
     from minfer_ops_numba import team
 
-    monkeypatch.setenv(team.ENV, "0")
-    monkeypatch.setattr(team, "_state", {})
+    monkeypatch.setattr(team, "gemm_address", lambda: 0)  # no BLAS from compiled code: the Python path
     smallconv.conv.prepared(context(*case((1, 1, 1, 1), (1, 1, 1, 1))), {})  # compiles: numba's dispatcher
     calls: list[int] = []  # then replaces the module's im2col, so the spy goes in after it
     real = smallconv.im2col

@@ -39,6 +39,14 @@ def share_everything(monkeypatch):
     monkeypatch.setattr(procs.ModeChoice, "GAIN", 1e9)
     monkeypatch.setattr(conv, "TUNE", False)
     monkeypatch.setattr(depthwise, "TUNE", False)
+    # the threads engine's kernels would split on minfer-ops-numba's native teams, in other shares of their
+    # GEMMs than the process team's ranges (the same values but for last bits: tests/plugins/test_team.py)
+    monkeypatch.setenv("MINFER_NUMBA_TEAM", "0")
+    try:
+        from minfer_ops_numba import team
+    except ImportError:
+        return
+    monkeypatch.setattr(team, "_state", {})
 
 
 def _model(nodes, inputs, outputs, inits=(), opsets=(("", 17),)):

@@ -22,8 +22,11 @@ from .outkernels import node
 
 @pytest.fixture(autouse=True)
 def threads_mode(monkeypatch):
-    """Stages are the threads mode's (a process team's runs do not stage): whatever MINFER_PARALLEL says."""
+    """Stages are the threads mode's (a process team's runs do not stage): whatever MINFER_PARALLEL says. And the
+    kernels by priority, not timed per thread count: the bitwise comparisons with threads=1 below need the same
+    kernel for a node at both counts (minfer-ops-numba's MatMul makes other BLAS calls than numpy's: last bits)."""
     monkeypatch.setenv("MINFER_PARALLEL", "threads")
+    monkeypatch.setenv("MINFER_TUNE", "0")
 
 N = 64
 

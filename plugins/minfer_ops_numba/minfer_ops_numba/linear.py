@@ -1,15 +1,15 @@
-"""MatMul and Gemm of a constant float32 B on a native team: B's columns (or A's rows) shared over numba's threads.
+"""MatMul and Gemm of a constant float32 B on a native team: blocks of B's columns (or A's rows) over numba's threads.
 
 minfer-ops-basic's kernels split a large product over minfer's pool, and a classifier head's few rows against a
 large B by a timed choice (its streaming.py); both hand over in ~60 us here, and once a native team has claimed
-a run's threads (team.py) their `parallel_for` runs serially. Here the split runs on the team: each thread
-takes one contiguous share of B's columns (few rows: each streams its share of B, the bulk of a head's bytes)
-or of A's rows (many rows), one ``cblas_sgemm`` call (`team.gemm`), then the epilogue on its share in compiled
+a run's threads (team.py) their `parallel_for` runs serially. Here the product is cut into blocks from its shape
+alone (`plan`): up to 32 rows, blocks of B's columns (each thread streams its share of a head's weights), more
+rows, blocks of A's rows. Each block is one ``cblas_sgemm`` call (`team.gemm`) then its epilogue in compiled
 code: Gemm's C (one value a column), the fused op's residual and activation (`team.native`), in numpy's order.
-The products are numpy's BLAS on shares of the operands, so the results may differ from numpy's kernel (and
-between thread counts) in the last bits where OpenBLAS picks another micro-kernel for another call shape
-(tests/plugins/test_team.py). Without a team (one thread, or MINFER_NUMBA_TEAM=0) the calling thread computes
-the whole product the same way, with no team started.
+A team's threads take contiguous runs of blocks; without a team (one thread, claims refused, a process team,
+MINFER_NUMBA_TEAM=0) the same blocks go through `parallel_for`. The same BLAS calls whatever the threads, so the
+same bits; against numpy's kernel, which makes other calls, the last bits may differ where OpenBLAS picks another
+micro-kernel for another call shape (tests/plugins/test_team.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import kernel
+from minfer_core import kernel, parallel_for
 
 from . import team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
@@ -26,6 +26,8 @@ from .activation import _value  # noqa: F401 (compiled code calls it)
 from .team import NONE, NOTHING, prange
 
 SPLIT_MACS = 1 << 17  # below this many multiply-adds (a few microseconds) one thread computes the product
+BLOCK_MACS = 1 << 18  # a block's least work when a product is cut (a team thread takes whole runs of blocks)
+MAX_BLOCKS = 8
 COLUMN_BLOCK = 16  # column shares fall on whole BLAS micro-tiles, as minfer-ops-basic's
 ROWS = 32  # at most this many rows: B's columns are shared (every row share would stream all of B)
 # OpenBLAS (0.3.31, SkylakeX) computes a product of at most ~5 * 10**5 multiply-adds with its small-matrix kernel,
@@ -36,66 +38,67 @@ SMALL_CALL = 1 << 19
 
 
 @jit
-def _share(address, a, w, ldw, y, c, z, lo, hi, by_rows, op, p, q):  # pragma: no cover - compiled
-    """y[lo:hi] = a[lo:hi] @ B (``by_rows``), else y[:, lo:hi] = a @ B[:, lo:hi], then + c (a column's value, when
-    c has elements), + z (the residual, flat like y, when it has elements) and the activation ``op`` there.
-    B is ``w`` (K, N), or (N, K) read transposed when ``ldw`` < 0 (cblas' transB)."""
-    m, k, n = a.shape[0], a.shape[1], y.shape[1]
+def _blocks(address, a, w, ldw, y, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
+    """For blocks lo..hi, each (r0, r1, c0, c1): y[r0:r1, c0:c1] = a[r0:r1] @ B[:, c0:c1] in one BLAS call, then
+    + c (a column's value, when c has elements), + z (the residual, flat like y, when it has elements) and the
+    activation ``op`` there. B is ``w`` (K, N), or (N, K) read transposed when ``ldw`` < 0 (cblas' transB)."""
+    k, n = a.shape[1], y.shape[1]
     a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
-    if by_rows:
-        gemm(address, hi - lo, n, k, a0 + 4 * lo * k, k, w0, ldw, y0 + 4 * lo * n, n, np.float32(0))
-        r0, r1, c0, c1 = lo, hi, 0, n
-    else:  # in calls of at most SMALL_CALL multiply-adds: OpenBLAS's small-matrix kernel then takes them
-        step = SMALL_CALL // (m * k) // COLUMN_BLOCK * COLUMN_BLOCK
-        step = step if step >= 2 * COLUMN_BLOCK else hi - lo  # narrower calls lost (8x4096 @ 4096x4096: 3.6x)
-        for j in range(lo, hi, step):
-            cols = min(step, hi - j)
-            gemm(address, m, cols, k, a0, k, w0 + 4 * j * (k if ldw < 0 else 1), ldw, y0 + 4 * j, n, np.float32(0))
-        r0, r1, c0, c1 = 0, m, lo, hi
     yf = y.reshape(-1)
     has_c, has_z, act = c.size > 0, z.size > 0, op != NONE
-    for r in range(r0, r1):
-        at = r * n
-        for j in range(c0, c1):  # the branches are the same for the whole loop (LLVM unswitches them)
-            v = yf[uintp(at + j)]
-            if has_c:
-                v = v + c[uintp(j)]
-            if has_z:
-                v = v + z[uintp(at + j)]
-            if act:
-                v = _value(v, op, p, q)
-            yf[uintp(at + j)] = v
+    for b in range(lo, hi):
+        r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
+        gemm(address, r1 - r0, c1 - c0, k, a0 + 4 * r0 * k, k, w0 + 4 * c0 * (k if ldw < 0 else 1), ldw,
+             y0 + 4 * (r0 * n + c0), n, np.float32(0))
+        for r in range(r0, r1):
+            at = r * n
+            for j in range(c0, c1):  # the branches are the same for the whole loop (LLVM unswitches them)
+                v = yf[uintp(at + j)]
+                if has_c:
+                    v = v + c[uintp(j)]
+                if has_z:
+                    v = v + z[uintp(at + j)]
+                if act:
+                    v = _value(v, op, p, q)
+                yf[uintp(at + j)] = v
 
 
 @jit(parallel=True)
-def _on_team(address, a, w, ldw, y, c, z, bounds, by_rows, op, p, q):  # pragma: no cover - compiled
-    """`_share` for each share bounds[t]..bounds[t + 1], one a team thread."""
-    for t in prange(bounds.size - 1):
-        _share(address, a, w, ldw, y, c, z, bounds[t], bounds[t + 1], by_rows, op, p, q)
+def _on_team(address, a, w, ldw, y, c, z, blocks, parts, op, p, q):  # pragma: no cover - compiled
+    """`_blocks` in ``parts`` contiguous runs of blocks, one a team thread."""
+    count = blocks.shape[0]
+    for t in prange(parts):
+        _blocks(address, a, w, ldw, y, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
 
 
-def _bounds(m: int, n: int, k: int, threads: int) -> tuple[np.ndarray, bool]:
-    """The shares (as bounds) and whether they are rows of A, for an (m, k) @ (k, n) product on ``threads``."""
-    if threads < 2 or m * n * k < SPLIT_MACS:
-        return np.array([0, n], np.int64), False
-    if m <= ROWS:
-        blocks = -(-n // COLUMN_BLOCK)
-        return np.array([min(n, blocks * t // threads * COLUMN_BLOCK) for t in range(threads + 1)], np.int64), False
-    return np.array([m * t // threads for t in range(threads + 1)], np.int64), True
+def plan(m: int, n: int, k: int) -> np.ndarray:
+    """The product's blocks (r0, r1, c0, c1), from its shape alone: any thread count computes the same BLAS
+    calls, so the same bits (docs/kernel-contract.md). Up to ROWS rows: B's columns, in calls OpenBLAS takes with
+    its small-matrix kernel where those are 32 columns or more; more rows: A's rows. One block below SPLIT_MACS,
+    else 2 to MAX_BLOCKS of about BLOCK_MACS multiply-adds or more, so that threads have shares to take."""
+    work = m * n * k
+    count = 1 if work < SPLIT_MACS else max(2, min(MAX_BLOCKS, work // BLOCK_MACS))
+    if m > ROWS:
+        height = -(-m // count)
+        return np.array([[r, min(m, r + height), 0, n] for r in range(0, m, height)], np.int64)
+    width = -(-n // (count * COLUMN_BLOCK)) * COLUMN_BLOCK
+    small = SMALL_CALL // (m * k) // COLUMN_BLOCK * COLUMN_BLOCK
+    if small >= 2 * COLUMN_BLOCK:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
+        width = min(width, small)
+    return np.array([[0, m, c, min(n, c + width)] for c in range(0, n, width)], np.int64)
 
 
 def _product(w: np.ndarray, transposed: bool, c: np.ndarray) -> Any:
     """The run callable for y = a @ B (+ c) with B held as ``w`` ((N, K) when ``transposed``)."""
     address = team.gemm_address()
-    n = w.shape[0] if transposed else w.shape[1]
-    ldw = -w.shape[1] if transposed else n
-    shares: dict[tuple[int, int], tuple[np.ndarray, bool]] = {}
+    k, n = (w.shape[1], w.shape[0]) if transposed else w.shape
+    ldw = -k if transposed else n
+    plans: dict[int, np.ndarray] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
-    _share(address, readonly(np.zeros((1, w.shape[1] if transposed else w.shape[0]), np.float32)), w, ldw,
-           np.zeros((1, n), np.float32), c, NOTHING, 0, n, False, NONE, np.float32(0), np.float32(0))  # compile now
+    _blocks(address, readonly(np.zeros((1, k), np.float32)), w, ldw, np.zeros((1, n), np.float32), c, NOTHING,
+            plan(1, n, k)[:1], 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
 
     def run(a, b=None, c_in=None, *, out=None, epilogue=None):
-        k = a.shape[-1]
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
         a2, y2 = readonly(np.ascontiguousarray(a)).reshape(-1, k), y.reshape(-1, n)
         fused = team.PLAIN if epilogue is None else team.native(epilogue)
@@ -103,15 +106,17 @@ def _product(w: np.ndarray, transposed: bool, c: np.ndarray) -> Any:
             fused = None  # the epilogue as it is given, once the product (and C) is done
         op, p, q, z = team.PLAIN if fused is None else fused
         zf = NOTHING if z is None else readonly(z.reshape(-1))
-        size = team.size() if a2.shape[0] * n * k >= SPLIT_MACS else 1
-        if size < 2:
-            _share(address, a2, w, ldw, y2, c, zf, 0, n, False, op, p, q)
+        m = a2.shape[0]
+        if m not in plans:
+            plans[m] = plan(m, n, k)
+        blocks = plans[m]
+        size = team.size() if len(blocks) > 1 else 1
+        if size > 1:
+            _on_team(address, a2, w, ldw, y2, c, zf, blocks, min(size, len(blocks)), op, p, q)
         else:
-            key = (a2.shape[0], size)
-            if key not in shares:
-                shares[key] = _bounds(a2.shape[0], n, k, size)
-            bounds, by_rows = shares[key]
-            _on_team(address, a2, w, ldw, y2, c, zf, bounds, by_rows, op, p, q)
+            # the same blocks on the pool's threads (claims refused, a process team) or this one
+            parallel_for(len(blocks), lambda lo, hi: _blocks(address, a2, w, ldw, y2, c, zf, blocks, lo, hi, op, p, q),
+                         parts=None if len(blocks) > 1 else 1)
         if fused is None:
             epilogue(y, (slice(None),) * y.ndim)
         return y

@@ -15,11 +15,18 @@ shape (geometry, units, their slices) is worked out on its first call.
 A compiled GEMM instead of BLAS (four output channels a pass, each inner
 loop vectorized over the columns) was measured too: 1.5-4x slower than
 BLAS from about 0.3M multiply-adds up, equal at best below.
+
+A group-1 conv whose epilogue has a compiled form (team.py) runs compiled end
+to end instead (`units_of`: im2col, numpy's sgemm called from compiled code,
+the epilogue), on a native team when one runs (`team_units`), else its units
+over `parallel_for`; its units come from the shape alone (`compiled_plan`),
+so every thread count makes the same BLAS calls.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -48,6 +55,8 @@ MIN_SPLIT_MACS = 8_000_000
 TEAM_SPLIT_MACS = 200_000
 TEAM_MAX_MACS = 64_000_000  # for pointwise convs only (`_pointwise`)
 SMALL_MAP = 1024  # output cells: on maps up to this size a team splits a conv's output channels, not its rows
+# the threads the compiled path's units are cut for, whatever a run's count: the same units, the same BLAS calls
+PLAN_PARTS = max(1, min(8, os.cpu_count() or 1))
 
 
 @jit
@@ -102,33 +111,38 @@ def im2col(x, cf, images, group, rows, n, geo):  # pragma: no cover - compiled
                     cf[uintp(((j * group + g) * rows + rows - 1) * n + t)] = 1.0
 
 
-@jit(parallel=True)
-def team_units(address, xs, full, bias, y, z, found, geos, cols, direct, op, a, b):  # pragma: no cover - compiled
-    """The units ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels) of a group-1 conv over a native team (team.py), one part of
-    them a thread: a unit's im2col into its thread's row of ``cols`` (none when ``direct``: a 1x1 conv at stride
-    1 without pads multiplies its input as it lies), a BLAS GEMM an image into y's rows, then the epilogue
+@jit
+def units_of(address, xs, full, bias, y, z, found, geos, cf, direct, op, a, b, lo, hi):  # pragma: no cover
+    """Units lo..hi of ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels) of a group-1 conv,
+    compiled end to end: a unit's im2col into ``cf`` (none when ``direct``: a 1x1 conv at stride 1 without pads
+    multiplies its input as it lies), a BLAS GEMM an image into y's rows (`team.gemm`), then the epilogue
     (`team.finish`; ``bias`` there when ``direct``, else it is empty: a column of ``full`` against im2col's row of
-    ones), the same operations in the same order as `conv`'s Python path. y is (N, M, OH*OW), ``full`` (M, K + 1),
-    ``geos`` a unit's im2col geometry and its output width."""
+    ones). y is (N, M, OH*OW), ``full`` (M, K + 1), ``geos`` a unit's im2col geometry and its output width."""
     m, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
     k = xs.shape[1] if direct else rows
     yf, x0, y0, w0 = y.reshape(-1), np.int64(xs.ctypes.data), np.int64(y.ctypes.data), np.int64(full.ctypes.data)
-    parts = cols.shape[0]
+    c0 = np.int64(cf.ctypes.data)
+    for u in range(lo, hi):
+        i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
+        ow = geos[u, 11]
+        ncols = (r1 - r0) * ow
+        if not direct:
+            im2col(xs, cf, i1 - i0, 1, rows, ncols, geos[u])
+        for i in range(i0, i1):
+            at = (i * m + m0) * ohw + r0 * ow
+            src = x0 + 4 * (i * k * hw + r0 * ow) if direct else c0 + 4 * (i - i0) * rows * ncols
+            gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
+                 ohw, np.float32(0))
+            finish(yf, z, at, m1 - m0, ncols, ohw, bias, m0, op, a, b)
+
+
+@jit(parallel=True)
+def team_units(address, xs, full, bias, y, z, found, geos, cols, direct, op, a, b):  # pragma: no cover - compiled
+    """`units_of` over a native team (team.py): part t of the units on team thread t, with row t of ``cols``."""
+    parts, count = cols.shape[0], found.shape[0]
     for t in prange(parts):
-        cf = cols[t]
-        c0 = np.int64(cf.ctypes.data)
-        for u in range(found.shape[0] * t // parts, found.shape[0] * (t + 1) // parts):
-            i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
-            ow = geos[u, 11]
-            ncols = (r1 - r0) * ow
-            if not direct:
-                im2col(xs, cf, i1 - i0, 1, rows, ncols, geos[u])
-            for i in range(i0, i1):
-                at = (i * m + m0) * ohw + r0 * ow
-                src = x0 + 4 * (i * k * hw + r0 * ow) if direct else c0 + 4 * (i - i0) * rows * ncols
-                gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
-                     ohw, np.float32(0))
-                finish(yf, z, at, m1 - m0, ncols, ohw, bias, m0, op, a, b)
+        units_of(address, xs, full, bias, y, z, found, geos, cols[t], direct, op, a, b, count * t // parts,
+                 count * (t + 1) // parts)
 
 
 def macs(ctx: Any, w: np.ndarray, attrs: dict[str, Any]) -> int | None:
@@ -157,7 +171,7 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
         return False  # a bias computed at run time: numpy's kernel
     work = macs(ctx, w, attrs)
-    bound = TEAM_MAX_MACS if _pointwise(w, attrs) and team.available() and team.gemm_address() else MAX_MACS
+    bound = TEAM_MAX_MACS if _pointwise(w, attrs) and team.gemm_address() else MAX_MACS
     return work is not None and work <= bound
 
 
@@ -226,16 +240,17 @@ class Node:
         x_by, y_by = by_group + (-1, x.shape[2] * x.shape[3]), by_group + (-1, oh * ow)
         return flat, x_by, y_by, (n, g * mg, oh, ow), made, parts
 
-    def team_plan(self, x: np.ndarray, threads: int) -> tuple[Any, ...]:
-        """`team_units`' arguments for input x (group 1), once per shape: the units as rows (i0, i1, r0, r1, m0, m1),
-        their im2col geometry and output width, the scratch a thread needs, whether the GEMM reads x as it lies
-        (then the bias is added after it), y's shape, and how many threads to use."""
-        _, _, _, shape, made, parts = self.plan(x, threads, TEAM_SPLIT_MACS)
+    def compiled_plan(self, x: np.ndarray) -> tuple[Any, ...]:
+        """`units_of`' arguments for input x (group 1), once per shape, from the shape alone (PLAN_PARTS, not the
+        run's threads: any thread count makes the same BLAS calls, so the same bits): the units as rows (i0, i1,
+        r0, r1, m0, m1), their im2col geometry and output width, the scratch a thread needs, whether the GEMM reads
+        x as it lies (the bias then added after it), and y's shape."""
+        _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS)
         m, cells = shape[1], shape[2] * shape[3]
         blocks = [(0, m)]
         if parts > 1 and shape[0] < parts and cells <= SMALL_MAP:
             # a small map: split the output channels instead of the rows, so that each thread reads only its
-            # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 120 us on two threads)
+            # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 137 us on two threads)
             _, _, _, _, made, _ = self.plan(x, 1)
             step = -(-m // (parts * 16)) * 16
             blocks = [(m0, min(m, m0 + step)) for m0 in range(0, m, step)]
@@ -245,7 +260,7 @@ class Node:
                          for _ in blocks], np.int64)
         direct = made[0][0] is None
         size = 1 if direct else max(math.prod(cols_shape) for _, cols_shape, _, _ in made)
-        return found, geos, (min(parts, len(found)), size), direct, shape
+        return found, geos, size, direct, shape
 
 
 _DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=True, applies=applies)
@@ -262,32 +277,40 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     _warm(node)
 
     bias = readonly(np.ascontiguousarray(packed[0, :, -1]))
-    address = team.gemm_address() if node.group == 1 and team.available() else 0
+    address = team.gemm_address() if node.group == 1 else 0  # group 1: the compiled path (`compiled`)
     if address:
-        globals()["gemm"] = team.install()  # before team_units compiles: it looks the name up here
+        globals()["gemm"] = team.install()  # before units_of compiles: it looks the name up here
 
-    def on_team(x: np.ndarray, out: np.ndarray | None, size: int, fused: tuple[Any, ...]) -> np.ndarray | None:
-        """The conv on a native team into ``out`` (or a new array), or None when the residual does not fit."""
+    def compiled(x: np.ndarray, out: np.ndarray | None, fused: tuple[Any, ...]) -> np.ndarray | None:
+        """The conv by `units_of` into ``out`` (or a new array): on a native team when one runs, else its units
+        over `parallel_for`; None when the residual does not fit (the Python path then takes it)."""
         op, a, b, z = fused
-        key = x.shape + (size, "team")
+        key = x.shape + ("compiled",)
         if key not in plans:
-            plans[key] = node.team_plan(x, size)
-        found, geos, cols_shape, direct, shape = plans[key]
+            plans[key] = node.compiled_plan(x)
+        found, geos, size, direct, shape = plans[key]
         if not team.fits(z, shape):
             return None
         y = out if out is not None else np.empty(shape, np.float32)
-        if y.size:
-            cols = scratch("smallconv-team", cols_shape, np.float32)
-            team_units(address, readonly(np.ascontiguousarray(x)), packed[0], bias if direct else NOTHING,
-                       y.reshape(shape[0], shape[1], -1), NOTHING if z is None else readonly(z.reshape(-1)), found, geos,
-                       cols, direct, op, a, b)
+        if y.size == 0:
+            return y
+        args = (address, readonly(np.ascontiguousarray(x)), packed[0], bias if direct else NOTHING,
+                y.reshape(shape[0], shape[1], -1), NOTHING if z is None else readonly(z.reshape(-1)), found, geos)
+        threads = team.size() if len(found) > 1 else 1
+        if threads > 1:
+            team_units(*args, scratch("smallconv-team", (min(threads, len(found)), size), np.float32), direct, op, a, b)
+            return y
+
+        def span(lo: int, hi: int) -> None:
+            units_of(*args, scratch("smallconv-unit", (size,), np.float32), direct, op, a, b, lo, hi)
+
+        parallel_for(len(found), span, outputs_only=True)  # a unit writes only its y block
         return y
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
         if address:
-            size = team.size()
             fused = team.native(epilogue) if epilogue is not None else team.PLAIN
-            y = on_team(x, out, size, fused) if size > 1 and fused is not None else None
+            y = compiled(x, out, fused) if fused is not None else None
             if y is not None:
                 return y
         threads = intra_op_threads()
