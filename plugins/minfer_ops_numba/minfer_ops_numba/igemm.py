@@ -23,8 +23,10 @@ colsum(B')[n] (alpha, beta the offsets 0 or 128): the tile's exact integers plus
 tile is written out. Every step wraps modulo 2**32 as int32 does: exact whenever the result fits in int32.
 
 K need not be a multiple of 4: the micro-kernel takes the first 4 * (K // 4); the write-out adds the last K % 4
-products. The rows of A split over threads (`parallel_for`) in blocks of `MR`. The IR builders stay in this file:
-numba's on-disk cache of the compiled functions is invalidated by changes to their own file only.
+products. The rows of A (or a batch's matrices) split over a native team (team.py: `_on_team`, the same `_rows`
+calls on the same ranges, so the same bits) when one runs, else over `parallel_for`, in blocks of `MR`. The IR
+builders stay in this file: numba's on-disk cache of the compiled functions is invalidated by changes to their own
+file only.
 """
 
 from __future__ import annotations
@@ -38,12 +40,15 @@ import numpy as np
 
 from minfer_core import intra_op_threads, parallel_for, scratch
 
+from . import team
 from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 MR = 4  # rows of A per micro-kernel: 4 x 4 accumulators, 8 loads per 16 vpdpbusd (6 x 4, 8 x 2: the same speed)
 NR = 4  # 16-lane vectors per panel
 W = 16 * NR  # columns of a panel
-SPLIT_MACS = 1 << 24  # ~50 us on one thread: below it a second thread's hand-over costs more than it saves
+SPLIT_MACS = 1 << 24  # ~50 us on one thread: below it a second thread's ~60 us pool hand-over costs more than it saves
+TEAM_SPLIT_MACS = 1 << 20  # a native team's ~1 us hand-over: from ~4 us of work a thread (see the team's figures)
 _XOR = np.int32(-0x7F7F7F80)  # 0x80808080 as int32: each byte of an int8 A word + 128, read as uint8
 
 
@@ -71,7 +76,17 @@ def pack_b(b: np.ndarray) -> Packed | list[Packed]:
     if b.ndim == 2:
         return Packed(b)
     b, sums = np.ascontiguousarray(b), b.sum(axis=1, dtype=np.int64)  # one numpy call for the whole batch
-    return [Packed(matrix, column) for matrix, column in zip(b, sums)]
+    return Batch(b, [Packed(matrix, column) for matrix, column in zip(b, sums)])
+
+
+class Batch(list):
+    """`pack_b`'s answer for a (batch, K, N) B: its matrices' `Packed`, and the whole batch as a native team's
+    driver reads it (``b`` (batch, K, N) int8, ``colsum`` (batch, N) int32: the matrices' own memory, no copy)."""
+
+    def __init__(self, b: np.ndarray, matrices: list[Packed]) -> None:
+        super().__init__(matrices)
+        self.b = readonly(b.view(np.int8))
+        self.colsum = readonly(np.stack([p.colsum for p in matrices])) if matrices else None
 
 
 def vnni() -> bool:
@@ -107,7 +122,8 @@ def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_z
     saturate(rint(float64(product) * factor[n] + y_zero_point)), float64 operations in QLinearMatMul's order
     (factor: one value or one per column). a_zero_point: one value or one per row; b_zero_point: one value or one
     per column; bias: one float32 per column. A batch: A and out (batch, M, ...), ``packed`` one per matrix or one
-    for all. The rows (the matrices of a batch) split over `parallel_for` from 2**24 multiply-adds."""
+    for all. The rows (the matrices of a batch) split over a native team from `TEAM_SPLIT_MACS` multiply-adds,
+    else over `parallel_for` from `SPLIT_MACS`."""
     mats = _matrices(a, packed, out)
     if not mats or not out.size:
         return out
@@ -129,10 +145,16 @@ def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_z
     def rows(x: np.ndarray, p: Packed, y: np.ndarray, lo: int, hi: int) -> None:
         buf = scratch("minfer_ops_numba-igemm-panel", panel, np.int8)
         x = readonly(np.ascontiguousarray(x).view(np.uint8))  # rows K bytes apart, as the micro-kernel reads them
-        _rows(x, alpha, g, p.b, p.beta, p.colsum, h, mode, ends, y, lo, hi, buf)
+        _rows(x, alpha, g, p.b, p.beta, p.colsum, h, mode, ends, y, lo, hi, 0, p.n, buf)
 
     g, h = readonly(g), readonly(h)
-    split = intra_op_threads() > 1 and len(mats) * m * k * n >= SPLIT_MACS
+    threads, macs = intra_op_threads(), len(mats) * m * k * n
+    parts = len(mats) > 1 or m > MR or n > W  # a team shares matrices, columns or rows
+    size = team.size() if threads > 1 and macs >= TEAM_SPLIT_MACS and parts else 1
+    if size > 1:
+        _team(a, packed, out, len(mats), m, size, (alpha, g, first.beta, h, mode, ends), panel)
+        return out
+    split = threads > 1 and macs >= SPLIT_MACS
     if split and len(mats) > 1:
         parallel_for(len(mats), lambda lo, hi: [rows(*mats[i], 0, m) for i in range(lo, hi)], outputs_only=True)
     elif split and m > MR:
@@ -141,6 +163,46 @@ def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_z
         for x, p, y in mats:
             rows(x, p, y, 0, m)
     return out
+
+
+def _team(a: np.ndarray, packed: Any, out: np.ndarray, count: int, m: int, size: int, how: tuple, panel: tuple
+          ) -> None:
+    """`igemm`'s product on a native team of ``size``, in ``size`` parts as even as the blocks allow, one a team
+    thread: the batch's ``count`` matrices (count > 1), else the one matrix's panels of W columns (each thread packs
+    only its own panels) or, with fewer panels than threads, its rows in blocks of MR."""
+    alpha, g, beta, h, mode, ends = how
+    if isinstance(packed, Packed):
+        b, colsum = packed.b[None], packed.colsum[None]
+    elif isinstance(packed, Batch) and len(packed) == count:
+        b, colsum = packed.b, packed.colsum
+    else:  # a list a caller made: one array of them (read-only, as the matrices are)
+        b, colsum = readonly(np.stack([p.b for p in packed])), readonly(np.stack([p.colsum for p in packed]))
+    a3 = readonly(np.ascontiguousarray(a).view(np.uint8))
+    a3, out3 = (a3, out) if a.ndim == 3 else (a3[None], out[None])
+    n = b.shape[2]
+    by = 2 if count > 1 else (1 if -(-n // W) >= size else 0)  # matrices, columns, rows
+    blocks, step, end = ((count, 1, count), (-(-n // W), W, n), (-(-m // MR), MR, m))[2 - by]
+    bounds = np.array([min(end, blocks * t // size * step) for t in range(size + 1)], np.int64)
+    panels = scratch("minfer_ops_numba-igemm-panels", (size,) + panel, np.int8)
+    _on_team(a3, alpha, g, b, beta, colsum, h, mode, ends, out3, bounds, by, panels)
+
+
+@jit(parallel=True)
+def _on_team(a, alpha, g, b, beta, colsum, h, mode, how, out, bounds, by, panels):  # pragma: no cover - compiled
+    """`_rows` for each part bounds[t]..bounds[t + 1], one a team thread with its own ``panels[t]``: matrices of the
+    batch, all of each (``by`` 2), columns (1) or rows (0) of the one matrix. ``b``/``colsum``: one matrix for all,
+    or one each."""
+    m, n = a.shape[1], b.shape[2]
+    for t in prange(bounds.size - 1):
+        lo, hi = bounds[t], bounds[t + 1]
+        if by == 2:
+            for i in range(lo, hi):
+                j = i if b.shape[0] > 1 else 0
+                _rows(a[i], alpha, g, b[j], beta, colsum[j], h, mode, how, out[i], 0, m, 0, n, panels[t])
+        elif by == 1:
+            _rows(a[0], alpha, g, b[0], beta, colsum[0], h, mode, how, out[0], 0, m, lo, hi, panels[t])
+        else:
+            _rows(a[0], alpha, g, b[0], beta, colsum[0], h, mode, how, out[0], lo, hi, 0, n, panels[t])
 
 
 EIGHT_BIT = (np.dtype(np.uint8), np.dtype(np.int8))
@@ -174,9 +236,9 @@ def _requantizing(requantize: Any, dtype: np.dtype, n: int) -> tuple[np.ndarray,
 
 
 @jit
-def _rows(a, alpha, g, b, beta, colsum, h, mode, how, out, lo, hi, panel):  # pragma: no cover - compiled
-    """Rows lo..hi of the product: per panel of 64 columns of B, packed into ``panel``, each block of MR rows
-    by the micro-kernel, its tile written out at once."""
+def _rows(a, alpha, g, b, beta, colsum, h, mode, how, out, lo, hi, c0, c1, panel):  # pragma: no cover - compiled
+    """Rows lo..hi, columns c0..c1 (c0 a multiple of 64) of the product: per panel of 64 columns of B, packed into
+    ``panel``, each block of MR rows by the micro-kernel, its tile written out at once."""
     k, n = b.shape
     k4 = k // 4
     flip = np.uint8(128 if alpha else 0)
@@ -190,8 +252,8 @@ def _rows(a, alpha, g, b, beta, colsum, h, mode, how, out, lo, hi, panel):  # pr
     xor, flip_b = (_XOR if alpha else np.int32(0)), (_XOR if beta else np.int32(0))
     base, pb = np.int64(a.ctypes.data), np.int64(b.ctypes.data)
     pp, pt = np.int64(panel.ctypes.data), np.int64(tile.ctypes.data)
-    for n0 in range(0, n, W):
-        w = min(W, n - n0)
+    for n0 in range(c0, c1, W):
+        w = min(W, c1 - n0)
         if k4 > 0:
             _pack(pb + n0, np.int64(n), np.int64(w), pp, np.int64(k4), flip_b)
         for m0 in range(lo, hi, MR):

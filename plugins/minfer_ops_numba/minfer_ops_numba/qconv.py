@@ -207,7 +207,10 @@ class QConv:
     def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
         """The numpy kernel's epilogue on a region of the exact sums ``y``, then + Z and its rounding."""
         ch = region[1]
-        if self.fast is not None:
+        if self.fast is not None and _whole(ch, self.conv.m) and qg.requantize_on_team(self.fast, y[region],
+                                                                                      self.operands, out[region]):
+            pass  # an image's epilogue, shared over a native team
+        elif self.fast is not None:
             self.fast(y[region], *(v if v is None or v.size == 1 else v[ch] for v in self.operands), out=out[region])
         else:
             self.steps(y[region], out[region], ch)
@@ -233,6 +236,12 @@ class QConv:
             acc[np.broadcast_to(touched[:, None], acc.shape)] = np.nan
             self.finish(acc, out, (slice(None), slice(None)), z)
         return out
+
+
+def _whole(ch: slice, m: int) -> bool:
+    """Whether a region's channels are all ``m`` of an image (igemm's product ran on a team, or on this thread
+    alone: not a range of parallel_for's, whose threads a team must not claim while it runs)."""
+    return ch.start == 0 and ch.stop == m
 
 
 def _quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float) -> None:
@@ -338,6 +347,9 @@ class ScaledConv:
 
         def finish(y: np.ndarray, dst: np.ndarray, region: tuple) -> None:
             ch = region[1]
+            if _whole(ch, self.conv.m) and qg.requantize_on_team(self.epilogue, y[region], (m, None, sv, av),
+                                                                 dst[region]):
+                return
             self.epilogue(y[region], m, None, None if sv is None else sv[ch], None if av is None else av[ch],
                           out=dst[region])
 

@@ -5,8 +5,10 @@ the initializer as given, its rows streamed by igemm) by B (K, OH * OW, one colu
 image itself for a 1x1 stride-1 unpadded conv, else its 8-bit im2col here (padding with x's zero point, as
 onnxruntime pads). igemm packs B's 64-column panels itself; B's column sums (for the zero points' rank-1 terms)
 come from the same pass that makes B, not from a numpy pass (which cost as much as the product on resnet50's
-3x3 shapes). The output's channels split over `parallel_for` in blocks of 16, each block's epilogue run by the
-thread that computed it while its tile is in cache.
+3x3 shapes). With a native team (team.py) igemm shares the product's columns over it, then the compiled epilogue's
+output channels are shared over it (`requantize_on_team`; other epilogues run on the calling thread); else the
+output's channels split over `parallel_for` in blocks of 16, each block's epilogue run by the thread that computed
+it while its tile is in cache. Either way each value goes through the same operations: the same bits.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import numpy as np
 
 from minfer_core import intra_op_threads, parallel_for, scratch
 
-from . import igemm
+from . import igemm, quant, team
 from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .window import window
 
@@ -132,12 +134,41 @@ class IntegerConv:
 
 
 def _split(rows: Any, m: int, per_row: int) -> None:
-    """``rows(lo, hi)`` over the output channels: in blocks of 16 over the intra-op threads from SPLIT_MACS."""
-    if intra_op_threads() > 1 and m * per_row >= SPLIT_MACS and m > BLOCK:
+    """``rows(lo, hi)`` over the output channels: all at once when a native team runs (igemm shares the product over
+    it, and the epilogue may too), else in blocks of 16 over the intra-op threads from SPLIT_MACS."""
+    threads, macs = intra_op_threads(), m * per_row
+    if threads > 1 and macs >= igemm.TEAM_SPLIT_MACS and team.size() > 1:
+        rows(0, m)
+    elif threads > 1 and macs >= SPLIT_MACS and m > BLOCK:
         blocks = -(-m // BLOCK)
         parallel_for(blocks, lambda lo, hi: rows(BLOCK * lo, min(BLOCK * hi, m)))
     else:
         rows(0, m)
+
+
+EPILOGUE_SPLIT = 1 << 15  # output values: from here a team shares a conv's compiled epilogue (~10 us of work)
+
+
+def requantize_on_team(epilogue: Any, y: np.ndarray, operands: tuple, out: np.ndarray) -> bool:
+    """``epilogue(y, *operands, out=out)`` for an image's (1, M, OH, OW) sums, its output channels shared over a
+    native team, when ``epilogue`` is quant.py's compiled Requantize, y and out are C-contiguous float32 and a team
+    runs; else False (the caller runs it). The same `_rq_rows` operations on each value: the same bits."""
+    steps = getattr(epilogue, "steps", None)
+    m = y.shape[1]
+    if (steps is None or y.size < EPILOGUE_SPLIT or m < 2 or intra_op_threads() < 2 or y.dtype != np.float32
+            or not (y.flags.c_contiguous and out.flags.c_contiguous) or out.dtype != np.float32):
+        return False
+    size = team.size()
+    if size < 2:
+        return False
+    cuts = np.array([m * t // size for t in range(size + 1)], np.int64)
+    vectors = tuple(_EMPTY if v is None else readonly(np.ascontiguousarray(v, np.float32).reshape(-1))
+                    for v in operands)
+    quant._rq_team(readonly(y.reshape(-1)), out.reshape(-1), y.size // m, *vectors, *steps, cuts)
+    return True
+
+
+_EMPTY = readonly(np.zeros(0, np.float32))
 
 
 def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple[np.ndarray, int]:

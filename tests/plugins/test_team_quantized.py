@@ -1,0 +1,227 @@
+"""minfer-ops-numba's exact 8-bit GEMM and the quantized kernels on it, split over a native team (team.py).
+
+Each team path is checked against the same kernel with MINFER_NUMBA_TEAM=0 (its parallel_for or serial path) bit
+for bit inside a two-thread context: the team runs the same compiled calls on the same kind of ranges, exact integer
+sums and fixed float epilogues, so nothing may differ. A counter on igemm's driver fails a test whose team never ran.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import minfer_core
+from minfer_core.parallel import using_threads
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+from minfer_ops_numba import igemm, team  # noqa: E402
+
+from modelkit import make_model, ort_run, tensor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
+
+
+def _needs_team_and_vnni() -> None:
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB): "
+                    "igemm splits with parallel_for")
+    if not igemm.vnni():
+        pytest.skip("the quantized kernels apply only on AVX-512 VNNI (else numpy's kernels compute)")
+
+
+def _team_off(monkeypatch) -> None:
+    """MINFER_NUMBA_TEAM=0, decided afresh (monkeypatch restores team's state after the test)."""
+    monkeypatch.setenv(team.ENV, "0")
+    monkeypatch.setattr(team, "_state", {})
+
+
+def _counted(monkeypatch, module=igemm, name="_on_team") -> list[int]:
+    """Record each call of a module's team driver: igemm's ``by`` argument (2 matrices, 1 columns, 0 rows), else 1.
+    Patch only after the module compiled (numba puts its dispatchers in the module's namespace then)."""
+    calls: list[int] = []
+    real = getattr(module, name)
+    note = (lambda a: int(a[11])) if module is igemm else (lambda a: 1)
+    monkeypatch.setattr(module, name, lambda *a: calls.append(note(a)) or real(*a))
+    return calls
+
+
+def _random(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+# (batch, M, K, N, A's type, B's type, B one for the batch, output), the split the team takes
+GEMMS = {
+    "columns-float": ((0, 9, 37, 300, np.uint8, np.int8, True, "float"), 1),
+    "columns-few-rows-int8": ((0, 3, 130, 200, np.int8, np.uint8, True, "int8"), 1),
+    "rows-one-panel-int32": ((0, 70, 41, 60, np.uint8, np.uint8, True, "int32"), 0),
+    "rows-k-below-4": ((0, 23, 3, 50, np.int8, np.int8, True, "float"), 0),
+    "matrices-own-b-uint8": ((5, 17, 64, 70, np.uint8, np.int8, False, "uint8"), 2),
+    "matrices-shared-b": ((3, 10, 19, 130, np.int8, np.int8, True, "int32"), 2),
+}
+
+
+def _gemm_call(case, rng):
+    """A function running igemm on the case's random operands into a new output."""
+    batch, m, k, n, at, bt, shared, kind = case
+    lead = (batch,) if batch else ()
+    a = _random(rng, at, lead + (m, k))
+    b = _random(rng, bt, (k, n) if shared or not batch else (batch, k, n))
+    packed = igemm.pack_b(b)
+    za = _random(rng, at, (m,)) if not batch else _random(rng, at, ())
+    zb = _random(rng, bt, (n,)) // 2
+    shape = lead + (m, n)
+    if kind == "float":
+        extra = dict(scale=np.float32(0.003), bias=rng.standard_normal(n).astype(np.float32))
+    elif kind in ("int8", "uint8"):
+        extra = dict(requantize=(rng.uniform(1e-5, 1e-4, n), np.array(3, kind)))
+    else:
+        extra = {}
+    dtype = {"float": np.float32, "int32": np.int32}.get(kind, kind)
+    return lambda: igemm.igemm(a, packed, np.empty(shape, dtype), za, zb, **extra)
+
+
+@pytest.mark.parametrize("name", list(GEMMS), ids=str)
+def test_igemm_on_a_team_is_its_parallel_for_result_bit_for_bit(monkeypatch, name):
+    """igemm's team driver (columns, rows or matrices of a batch; int32, scaled float32 and requantized 8-bit
+    outputs) gives the bits of the parallel_for split and the serial product."""
+    _needs_team_and_vnni()
+    case, split = GEMMS[name]
+    run = _gemm_call(case, np.random.default_rng(len(name)))
+    alone = run()  # compiles igemm: its driver is numba's from now on
+    monkeypatch.setattr(igemm, "TEAM_SPLIT_MACS", 0)  # small shapes split too
+    monkeypatch.setattr(igemm, "SPLIT_MACS", 0)
+    calls = _counted(monkeypatch)
+    with using_threads(2):
+        got = run()
+    assert calls == [split], "the team driver did not run, or split otherwise"
+    _team_off(monkeypatch)
+    with using_threads(2):
+        pooled = run()
+    assert calls == [split]
+    assert got.dtype == pooled.dtype and got.tobytes() == pooled.tobytes() == alone.tobytes()
+
+
+def test_igemm_leaves_a_small_product_to_the_calling_thread(monkeypatch):
+    """Below TEAM_SPLIT_MACS multiply-adds the product runs on the calling thread: no team is claimed for it."""
+    _needs_team_and_vnni()
+    run = _gemm_call((0, 8, 16, 64, np.uint8, np.int8, True, "int32"), np.random.default_rng(0))
+    run()
+    calls = _counted(monkeypatch)
+    with using_threads(2):
+        run()
+    assert 8 * 16 * 64 < igemm.TEAM_SPLIT_MACS and not calls
+
+
+def _qconv_node(rng, *, c, m, hw, residual):
+    """(inputs, attributes) of a FloatQLinearConv (3x3, pads 1, per-channel weight; with ``residual`` its rounding
+    and a residual input) as the integer fusion makes it."""
+    x = rng.standard_normal((1, c) + hw).astype(np.float32) * 2
+    w = _random(rng, np.int8, (m, c, 3, 3))
+    inputs = [x, np.array(0.03, np.float32), np.array(131, np.uint8), w,
+              rng.uniform(0.001, 0.01, m).astype(np.float32), np.zeros(m, np.int8), np.array(0.15, np.float32),
+              np.array(125, np.uint8), rng.integers(-3000, 3000, m).astype(np.int32)]
+    attrs = dict(float_input=1, float_output=1, pads=[1, 1, 1, 1], activation="Relu", activation_params=[])
+    if residual:
+        attrs.update(output_rounding=[0.05, -128.0, 127.0], residual_rounding=[0.1, -128.0, 127.0])
+        inputs += [None, None, rng.standard_normal((1, m) + hw).astype(np.float32)]
+    return inputs, attrs
+
+
+def _qconv_run(inputs, attrs):
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import qconv
+
+    shape = (1, inputs[3].shape[0]) + inputs[0].shape[2:]
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(None if i in (0, 11) else v for i, v in enumerate(inputs))
+    ctx = KernelContext("n", "FloatQLinearConv", 1, types, (TensorType(np.float32, shape),), consts, 1)
+    assert qconv.float_qlinear_conv.applies(ctx, attrs)
+    run = qconv.float_qlinear_conv.fn(ctx, **attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    return lambda: run(*args)
+
+
+@pytest.mark.parametrize("residual", [False, True], ids=["relu", "residual-rounding"])
+def test_quantized_conv_on_a_team_is_its_parallel_for_result_bit_for_bit(monkeypatch, residual):
+    """FloatQLinearConv's product on a team (its columns: the output pixels), then its compiled epilogue shared over
+    the team by output channels, gives the bits of the output channels split over parallel_for (each block's
+    epilogue after its product) and of one thread."""
+    from minfer_ops_numba import qconv_gemm, quant
+
+    _needs_team_and_vnni()
+    inputs, attrs = _qconv_node(np.random.default_rng(3), c=32, m=48, hw=(28, 28), residual=residual)
+    run = _qconv_run(inputs, attrs)
+    alone = run()
+    assert 48 * 32 * 9 * 28 * 28 >= igemm.TEAM_SPLIT_MACS and 48 * 28 * 28 >= qconv_gemm.EPILOGUE_SPLIT
+    calls, epilogues = _counted(monkeypatch), _counted(monkeypatch, quant, "_rq_team")
+    with using_threads(2):
+        got = run()
+    assert calls == [1] and epilogues == [1]
+    _team_off(monkeypatch)
+    monkeypatch.setattr(igemm, "SPLIT_MACS", 0)  # the output channels split over parallel_for, as on larger convs
+    with using_threads(2):
+        pooled = run()
+    assert calls == [1] and epilogues == [1] and np.unique(got).size > 20
+    assert got.tobytes() == pooled.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["scale", "affine-per-channel"])
+def test_scaled_conv_integer_on_a_team_is_its_parallel_for_result_bit_for_bit(monkeypatch, per_channel):
+    """ScaledConvInteger (DynamicQuantizeLinear inside; ChannelAffine's S and A per channel, Clip) on a team: the
+    bits of its parallel_for split."""
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import qconv, quant
+
+    _needs_team_and_vnni()
+    rng = np.random.default_rng(4)
+    m, c, hw = 40, 32, (30, 30)  # 1.15M multiply-adds: igemm splits from TEAM_SPLIT_MACS
+    inputs = [rng.standard_normal((1, c) + hw).astype(np.float32) * 3, _random(rng, np.int8, (m, c, 1, 1)), None,
+              np.array(-2, np.int8), np.array([0.0007], np.float32)]
+    if per_channel:
+        inputs += [rng.standard_normal(m).astype(np.float32), rng.standard_normal(m).astype(np.float32)]
+    attrs = dict(dynamic_input=1, activation="Clip", activation_params=[0.0, 6.0])
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(v if i in (1, 3) else None for i, v in enumerate(inputs))
+    ctx = KernelContext("n", "ScaledConvInteger", 1, types, (TensorType(np.float32, (1, m) + hw),), consts, 1)
+    assert qconv.scaled_conv_integer.applies(ctx, attrs)
+    kernel_run = qconv.scaled_conv_integer.fn(ctx, **attrs)
+    args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]
+    alone = kernel_run(*args)
+    calls, epilogues = _counted(monkeypatch), _counted(monkeypatch, quant, "_rq_team")
+    with using_threads(2):
+        got = kernel_run(*args)
+    assert calls == [1] and epilogues == [1]
+    _team_off(monkeypatch)
+    monkeypatch.setattr(igemm, "SPLIT_MACS", 0)
+    with using_threads(2):
+        pooled = kernel_run(*args)
+    assert np.unique(got).size > 20 and got.tobytes() == pooled.tobytes() == alone.tobytes()
+
+
+def _matmul_integer_model(m, k, n):
+    rng = np.random.default_rng(5)
+    w = _random(rng, np.int8, (k, n))
+    node = helper.make_node("MatMulInteger", ["a", "w", "za"], ["y"])
+    inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.array(7, np.uint8), "za")]
+    return make_model([node], [tensor("a", [m, k], TensorProto.UINT8)], [tensor("y", [m, n], TensorProto.INT32)],
+                      inits)
+
+
+def test_a_quantized_model_runs_its_products_on_the_team(monkeypatch):
+    """A session of two threads runs MatMulInteger on the team: onnxruntime's exact integers, the same as with
+    MINFER_NUMBA_TEAM=0."""
+    _needs_team_and_vnni()
+    monkeypatch.setenv("MINFER_TUNE", "0")  # the highest priority kernel: qmatmul's
+    model = _matmul_integer_model(64, 200, 300)
+    a = _random(np.random.default_rng(6), np.uint8, (64, 200))
+    session = minfer_core.InferenceSession(model, threads=2)  # compiles igemm: its driver is numba's from now on
+    calls = _counted(monkeypatch)
+    got = session.run(None, {"a": a})[0]
+    assert calls == [1]
+    _team_off(monkeypatch)
+    alone = minfer_core.InferenceSession(model, threads=2).run(None, {"a": a})[0]
+    assert calls == [1]
+    np.testing.assert_array_equal(got, alone)
+    np.testing.assert_array_equal(got, ort_run(model, {"a": a})[0])
