@@ -6,7 +6,8 @@ copies and loop set-ups cost more than the taps. Here a block of LANES
 channels is copied into channels-last phase planes (each cell's LANES
 channels one vector), every tap is one vectorized loop over an output
 row's cells and lanes, and the block's sums go back to the NCHW output,
-whose unit then gets the fused op's epilogue as in depthwise.py. The
+whose unit then gets the fused op's epilogue as in depthwise.py (there
+too in a native team's compiled driver, `drive`, when one runs). The
 copies are transposes of 16x16 tiles in registers (`transpose16`, an LLVM
 intrinsic: numba has no shuffles). A third candidate for depthwise.py's
 nodes, declared alike; the core times it against them and numpy's per
@@ -29,10 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import intra_op_threads, kernel, parallel_for, spmd
+from minfer_core import kernel, parallel_for, spmd
 
+from . import team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .depthwise import applies, units
+from .depthwise import applies, path, units
+from .team import NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
 from .window import Window, window
 
 # channels a block computes at once: one AVX-512 vector of float32 (a constant to numba, as every global)
@@ -209,6 +212,20 @@ def runs(q, rep, acc, offs, oh, span, row):  # pragma: no cover - compiled
             acc[uintp(o + j)] += rep[uintp(taps * span + j)]
 
 
+@jit(parallel=True)
+def drive(x, w, bias, y, table, parts, offs, dst, planes, hq, wq, sh, sw, square, z, op, a, b):  # pragma: no cover
+    """depthwise.py's `drive` for `channel_blocks`: the units of ``table`` (rows image, c0, c1) in ``parts``
+    shares over a native team, each unit's blocks then its epilogue by `team.finish` while in L2."""
+    c, cells = y.shape[1], y.shape[2] * y.shape[3]
+    flat = y.reshape(-1)
+    count = table.shape[0]
+    for t in prange(parts):
+        for u in range(count * t // parts, count * (t + 1) // parts):
+            i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+            channel_blocks(x[i], w, bias, y[i], c0, c1, offs, dst, planes, hq, wq, sh, sw, square)
+            finish(flat, z, (i * c + c0) * cells, 1, (c1 - c0) * cells, 0, NOTHING, 0, op, a, b)
+
+
 # below depthwise.py's two (MINFER_TUNE=0 keeps taking its phase planes), above numpy's: one more timed candidate,
 # stored under its own name (module and qualified name)
 @kernel("Conv", since=1, priority=PRIORITY - 2, prepare=True, out=True, views=False, packed=(1, 2), epilogue=True,
@@ -227,7 +244,7 @@ def conv_channels(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
     zeros = readonly(_aligned((blocks * LANES,)))
     st, dl = tuple(strides or (1, 1)), tuple(dilations or (1, 1))
     geometry: dict[tuple[int, ...], tuple[Window, tuple[Any, ...]]] = {}
-    cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int]] = {}
+    cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int, np.ndarray]] = {}
     packed = readonly(weights)
     _warm(packed, st, dl, (kh, kw))
 
@@ -248,12 +265,20 @@ def conv_channels(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
         if y.size == 0:
             return y
         bias = fixed_bias if fixed_bias is not None else zeros if b is None else _padded(b, blocks)
-        threads = intra_op_threads()
-        key = (n, threads) + x.shape[1:]
+        threads, native = path(epilogue, y)
+        key = (n, threads, native is not None) + x.shape[1:]
         if key not in cuts:
-            cuts[key] = _cut(n, c, x.shape[2:], out_shape, kh * kw, threads)
-        found, parts = cuts[key]
+            cuts[key] = _cut(n, c, x.shape[2:], out_shape, kh * kw, threads, native is not None)
+        found, parts, table = cuts[key]
         xs = readonly(np.ascontiguousarray(x))
+        if native is not None and parts > 1:  # else not worth a split: one thread, as before
+
+            def whole(lo: int, hi: int) -> None:
+                drive(xs, packed, bias, y, table, parts, *tables, *native)
+
+            # one range, which the driver splits itself: a process team's ranks still write y only in here
+            parallel_for(1, whole, parts=1, outputs_only=True)
+            return y
 
         def span(lo: int, hi: int) -> None:
             for i, c0, c1 in found[lo:hi]:
@@ -283,12 +308,14 @@ def _padded(b: np.ndarray, blocks: int) -> np.ndarray:
     return readonly(padded)
 
 
-def _cut(n: int, c: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], taps: int,
-         threads: int) -> tuple[list[tuple[int, int, int]], int]:
-    """depthwise.py's units, in whole blocks of LANES channels (the last one cut at c)."""
+def _cut(n: int, c: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], taps: int, threads: int,
+         native: bool) -> tuple[list[tuple[int, int, int]], int, np.ndarray]:
+    """depthwise.py's units, in whole blocks of LANES channels (the last one cut at c), for a native team's driver
+    (``native``) or parallel_for, and the same as `drive`'s table."""
     plane = (math.prod(in_shape) + math.prod(out_shape)) * 4 * LANES
-    found, parts = units(n, -(-c // LANES), plane, n * c * math.prod(out_shape) * taps, threads)
-    return [(i, b0 * LANES, min(c, b1 * LANES)) for i, b0, b1 in found], parts
+    found, parts = units(n, -(-c // LANES), plane, n * c * math.prod(out_shape) * taps, threads, native)
+    found = [(i, b0 * LANES, min(c, b1 * LANES)) for i, b0, b1 in found]
+    return found, parts, readonly(np.array(found, np.int64).reshape(-1, 3))
 
 
 def _tables(in_shape: tuple[int, ...], win: Window, kernel: tuple[int, int], strides: tuple[int, ...],
@@ -316,5 +343,8 @@ def _warm(weights: np.ndarray, strides: tuple[int, ...], dilations: tuple[int, .
     reach = [(k - 1) * d for k, d in zip(kernel, dilations)]  # pads: at least one output
     win = window((4, 4), kernel, strides, dilations, reach + [0, 0])
     x, y = readonly(np.zeros((1, 4, 4), np.float32)), np.zeros((1,) + win.out_shape, np.float32)
-    channel_blocks(x, weights[:1], readonly(np.zeros(LANES, np.float32)), y, 0, 1,
-                   *_tables((4, 4), win, kernel, strides, dilations))
+    bias, tables = readonly(np.zeros(LANES, np.float32)), _tables((4, 4), win, kernel, strides, dilations)
+    channel_blocks(x, weights[:1], bias, y, 0, 1, *tables)
+    if team.available():  # the team's driver too, where a native team may run
+        drive(x[None], weights[:1], bias, y[None], readonly(np.array([[0, 0, 1]], np.int64)), 1, *tables, NOTHING,
+              team.NONE, np.float32(0), np.float32(0))

@@ -11,8 +11,12 @@ by tap in L1, reading the input in place. The output is cut into (image,
 channel block) units small enough that a unit's input and output stay in
 L2 until the fused op's epilogue (residual, activation) has run on it; the
 units go over the intra-op threads (`parallel_for`), and since the loops
-release the GIL both cores compute. Both kernels sum the taps in
-onnxruntime's order (loops.py): they give its MLAS Conv's bits.
+release the GIL both cores compute. Where a native team runs (team.py) and
+the epilogue has a compiled form, a compiled driver (`drive`) runs the
+units and their epilogue over numba's threads instead: its hand-over
+costs a small fraction of parallel_for's (team.py), so much smaller convs
+split (`MIN_TEAM_MACS`). Both kernels sum the taps in onnxruntime's order
+(loops.py): they give its MLAS Conv's bits, on either path.
 """
 
 from __future__ import annotations
@@ -24,9 +28,11 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
-from ._jit import F32, PRIORITY, is_float32, readonly
+from . import team
+from ._jit import F32, PRIORITY, is_float32, jit, readonly
 from .loops import weighted_rows, wide_rows
 from .phases import phase_rows
+from .team import NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
 from .window import Window, window
 
 Epilogue = Callable[[np.ndarray, tuple], None]
@@ -37,17 +43,70 @@ UNIT_BYTES = 256 << 10
 # below this many multiply-adds a conv runs on one thread: ~150 us of compiled work here (1x192x28x28, 1.4M, took
 # 77 us), while a hand-over to the other thread costs 10-50 us and more on a loaded host
 MIN_SPLIT_MACS = 2_000_000
+# the same over a native team (team.py), whose hand-over costs about a microsecond: below this a split lost to
+# one thread on MobileNetV2's layers (bench/results/session12/team-depthwise.txt)
+MIN_TEAM_MACS = 150_000
+# the loop `drive` runs (its ``kind``): `_phase`'s and `_rows`' picks
+PHASE, WIDE, WEIGHTED = 0, 1, 2
 
 
-def units(n: int, c: int, plane_bytes: int, macs: int, threads: int) -> tuple[list[tuple[int, int, int]], int]:
-    """(image, c0, c1) units of about UNIT_BYTES, at least one per thread when the conv is worth splitting,
-    and how many parts to split them in."""
+def units(n: int, c: int, plane_bytes: int, macs: int, threads: int,
+          native: bool = False) -> tuple[list[tuple[int, int, int]], int]:
+    """(image, c0, c1) units of about UNIT_BYTES, at least one per thread when the conv is worth splitting
+    (from MIN_SPLIT_MACS multiply-adds, MIN_TEAM_MACS over a native team: ``native``), and how many parts to split
+    them in. A team's parts get as many channels each: its small convs have few units, and one part's extra
+    unit (960x7x7: 41 and 19 blocks of 16 channels) was the whole conv's time."""
     per = max(1, min(c, UNIT_BYTES // max(plane_bytes, 1)))
-    split = threads > 1 and macs >= MIN_SPLIT_MACS
-    if split and n * math.ceil(c / per) < threads:
+    split = threads > 1 and macs >= (MIN_TEAM_MACS if native else MIN_SPLIT_MACS)
+    if split and native and n % threads:  # each image's units a multiple of the parts, of one size
+        per = max(1, math.ceil(c / (math.ceil(math.ceil(c / per) / threads) * threads)))
+    elif split and n * math.ceil(c / per) < threads:
         per = max(1, math.ceil(c / math.ceil(threads / n)))
     found = [(i, c0, min(c, c0 + per)) for i in range(n) for c0 in range(0, c, per)]
     return found, min(threads, len(found)) if split else 1
+
+
+def compiled_epilogue(epilogue: Any, y: np.ndarray) -> tuple[np.ndarray, int, np.float32, np.float32] | None:
+    """`team.finish`'s (z, op, a, b) for an epilogue a driver applies in compiled code (None: no epilogue), z the
+    residual flat (or `team.NOTHING`); or None when it cannot (`team.native` knows no compiled form, a residual
+    not float32, C-contiguous and shaped like y, or y itself not C-contiguous)."""
+    fused = team.PLAIN if epilogue is None else team.native(epilogue)
+    if fused is None or not y.flags.c_contiguous or not team.fits(fused[3], y.shape):
+        return None
+    op, a, b, z = fused
+    return (NOTHING if z is None else readonly(z.reshape(-1))), op, a, b
+
+
+def path(epilogue: Any, y: np.ndarray) -> tuple[int, tuple[np.ndarray, int, np.float32, np.float32] | None]:
+    """The threads to cut a run's units for, and `compiled_epilogue`'s answer when they are a native team's (the
+    driver's path), else None (parallel_for's). The team is asked for last: asking claims the run's threads."""
+    threads = intra_op_threads()
+    native = compiled_epilogue(epilogue, y) if threads > 1 else None
+    if native is None:
+        return threads, None
+    size = team.size()
+    return (size, native) if size > 1 else (intra_op_threads(), None)
+
+
+@jit(parallel=True)
+def drive(kind, x, w, bias, y, table, parts, sh, sw, ph, pw, dh, dw, z, op, a, b):  # pragma: no cover - compiled
+    """The units of ``table`` (rows image, c0, c1) in ``parts`` contiguous shares over a native team (team.py):
+    each unit's loop (``kind``: `PHASE`, `WIDE`, `WEIGHTED`) on x (N, C, H, W) into y (N, C, OH, OW), then its
+    epilogue by `team.finish` (z: the residual flat, or none; the activation ``op``) while it is in L2. The
+    bias stays in the loops' sums, added last as onnxruntime adds it."""
+    c, cells = y.shape[1], y.shape[2] * y.shape[3]
+    flat = y.reshape(-1)
+    count = table.shape[0]
+    for t in prange(parts):
+        for u in range(count * t // parts, count * (t + 1) // parts):
+            i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+            if kind == PHASE:
+                phase_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+            elif kind == WIDE:
+                wide_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+            else:
+                weighted_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+            finish(flat, z, (i * c + c0) * cells, 1, (c1 - c0) * cells, 0, NOTHING, 0, op, a, b)
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -62,7 +121,7 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 
 
 def _factory(name: str, pick: Callable[[tuple[int, ...]], Any], doc: str) -> Callable[..., Any]:
-    """The preparing kernel running the loop ``pick(strides)`` (each one's docstring in loops.py), named
+    """The preparing kernel running the loop of kind ``pick(strides)`` (`_loop`), named
     ``name``: the core stores a timed choice under the kernel's module and qualified name."""
 
     def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
@@ -72,12 +131,17 @@ def _factory(name: str, pick: Callable[[tuple[int, ...]], Any], doc: str) -> Cal
     return conv
 
 
-def _phase(strides: tuple[int, ...]) -> Any:
-    return phase_rows
+def _phase(strides: tuple[int, ...]) -> int:
+    return PHASE
 
 
-def _rows(strides: tuple[int, ...]) -> Any:
-    return wide_rows if strides == (1, 1) else weighted_rows
+def _rows(strides: tuple[int, ...]) -> int:
+    return WIDE if strides == (1, 1) else WEIGHTED
+
+
+def _loop(kind: int) -> Any:
+    """The loop of ``kind`` (each one's docstring in loops.py and phases.py), looked up when a node is prepared."""
+    return phase_rows if kind == PHASE else wide_rows if kind == WIDE else weighted_rows
 
 
 # Two kernels for one node, which the core times on the node's real input (and numpy's with them): the phase
@@ -91,7 +155,7 @@ conv_rows = kernel("Conv", since=1, priority=PRIORITY - 1, **_DECLARED)(_factory
     "conv_rows", _rows, "Conv-1/11/22, depthwise only (see `applies`): row loops reading the input in place."))
 
 
-def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], Any], auto_pad: str, dilations: Any, kernel_shape: Any,
+def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], int], auto_pad: str, dilations: Any, kernel_shape: Any,
              pads: Any, strides: Any) -> Callable[..., Any]:
     """The run callable for one node (weights copied and reshaped once)."""
     w = ctx.constants[1]
@@ -104,9 +168,10 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], Any], auto_pad: str, di
     fixed_bias = None if b is None else readonly(b.astype(np.float32))
     zeros = readonly(np.zeros(weights.shape[0], np.float32))
     geometry: dict[tuple[int, ...], Window] = {}
-    cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int]] = {}
-    loop = pick(st)
-    _warm(loop, weights, st, dl)
+    cuts: dict[tuple[int, ...], tuple[list[tuple[int, int, int]], int, np.ndarray]] = {}
+    kind = pick(st)
+    loop = _loop(kind)
+    _warm(kind, weights, st, dl)
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
         n, c = x.shape[:2]
@@ -117,17 +182,28 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], Any], auto_pad: str, di
         if y.size == 0:
             return y
         bias = fixed_bias if fixed_bias is not None else zeros if b is None else readonly(np.ascontiguousarray(b))
-        threads = intra_op_threads()
-        key = (n, threads) + x.shape[1:]
+        threads, native = path(epilogue, y)
+        key = (n, threads, native is not None) + x.shape[1:]
         if key not in cuts:
             plane = (x.shape[2] * x.shape[3] + math.prod(out_shape)) * 4
-            cuts[key] = units(n, c, plane, n * c * math.prod(out_shape) * math.prod(kernel), threads)
-        found, parts = cuts[key]
+            macs = n * c * math.prod(out_shape) * math.prod(kernel)
+            found, parts = units(n, c, plane, macs, threads, native is not None)
+            cuts[key] = found, parts, readonly(np.array(found, np.int64).reshape(-1, 3))  # the driver's table
+        found, parts, table = cuts[key]
         xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
+        geo = (st[0], st[1], begin[0], begin[1], dl[0], dl[1])
+        if native is not None and parts > 1:  # else not worth a split: one thread, as before
+
+            def whole(lo: int, hi: int) -> None:
+                drive(kind, xs, weights, bias, y, table, parts, *geo, *native)
+
+            # one range, which the driver splits itself: a process team's ranks still write y only in here
+            parallel_for(1, whole, parts=1, outputs_only=True)
+            return y
 
         def span(lo: int, hi: int) -> None:
             for i, c0, c1 in found[lo:hi]:
-                loop(xs[i], weights, bias, y[i], c0, c1, st[0], st[1], begin[0], begin[1], dl[0], dl[1])
+                loop(xs[i], weights, bias, y[i], c0, c1, *geo)
                 if epilogue is not None:
                     epilogue(y, (slice(i, i + 1), slice(c0, c1)))
 
@@ -138,9 +214,13 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], Any], auto_pad: str, di
     return spmd(run)
 
 
-def _warm(loop: Any, weights: np.ndarray, strides: tuple[int, ...], dilations: tuple[int, ...]) -> None:
+def _warm(kind: int, weights: np.ndarray, strides: tuple[int, ...], dilations: tuple[int, ...]) -> None:
     """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
-    of the kernels the core compares."""
-    x = readonly(np.zeros((1, 4, 4), np.float32))
-    loop(x, weights[:1], readonly(np.zeros(1, np.float32)), np.zeros((1, 2, 2), np.float32), 0, 1,
-          strides[0], strides[1], 0, 0, dilations[0], dilations[1])
+    of the kernels the core compares: the loop, and the team's driver where a native team may run."""
+    x = readonly(np.zeros((1, 1, 4, 4), np.float32))
+    y, bias = np.zeros((1, 1, 2, 2), np.float32), readonly(np.zeros(1, np.float32))
+    geo = (strides[0], strides[1], 0, 0, dilations[0], dilations[1])
+    _loop(kind)(x[0], weights[:1], bias, y[0], 0, 1, *geo)
+    if team.available():
+        drive(kind, x, weights[:1], bias, y, readonly(np.array([[0, 0, 1]], np.int64)), 1, *geo, NOTHING, team.NONE,
+              np.float32(0), np.float32(0))
