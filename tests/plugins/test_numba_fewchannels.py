@@ -137,8 +137,13 @@ def test_a_stem_node_is_timed_against_numpys_conv():
 def test_fused_stem_runs_the_kernel_and_matches_onnxruntime(monkeypatch, activation):
     """A stem Conv + HardSwish (MobileNetV3) or Conv + Clip(0, 6) (MobileNetV2) block, fused into FusedConv,
     runs this kernel inside it when taken first (no timing; above smallconv's bound) and gives onnxruntime's
-    outputs at batch 2."""
+    outputs at batch 2. (Its parallel_for path, whose im2col calls the spy sees: on a native team they happen in
+    compiled code, tests/plugins/test_team_kernels.py.)"""
+    from minfer_ops_numba import team
+
     monkeypatch.setenv("MINFER_TUNE", "0")
+    monkeypatch.setenv(team.ENV, "0")
+    monkeypatch.setattr(team, "_state", {})
     calls: list[int] = []
     real = fewchannels.im2col
     monkeypatch.setattr(fewchannels, "im2col", lambda x, work, cols, geo: calls.append(int(geo[0]))

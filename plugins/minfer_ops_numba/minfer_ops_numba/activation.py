@@ -23,6 +23,12 @@ also write in place a tile that is not C-contiguous (a pointwise conv's
 row tile of some output channels) when it is rows of contiguous elements,
 so the epilogue calls them on those tiles too.
 
+Where a native team runs (team.py), a tensor from TEAM_SPLIT_ELEMENTS on (in
+place from SPLIT_ELEMENTS, where a split gained little) is split over numba's
+threads by a compiled driver (`_drive`) instead of parallel_for, the same
+formula on each share (so the same bits): its hand-over costs a few
+microseconds against parallel_for's ~60.
+
 Not here, because compiled code does not pay for them: Sigmoid, Softmax and
 Gelu-20 spend their time in exp and erf, which numba calls one element at a
 time (libm; no vector math library ships with it), while numpy's float32 exp
@@ -43,6 +49,12 @@ from ._jit import PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa
 # elements per parallel_for range: a few hundred microseconds of work, so that a split pays for its hand-over
 BLOCK = 1 << 16
 SPLIT_ELEMENTS = 1 << 20  # from this size (~150 us of work) the blocks go over the intra-op threads
+# the same over a native team (team.py), whose hand-over costs a few microseconds: HardSwish into another array
+# (one thread, loaded host) 10 -> 7 us at 131k elements, 24 -> 15 at 301k, and lost below (4 -> 6 us at 65k). In
+# place, a pass that reads and writes the same lines, it gained little even at 301k (12 -> 10 us): it splits from
+# SPLIT_ELEMENTS, as over parallel_for
+TEAM_SPLIT_ELEMENTS = 1 << 17
+LINE = 16  # elements per cache line: a team's shares start on one, so that no line is written by two threads
 F32_MAX = 3.4028234663852886e38  # Clip-6's default bounds, as minfer-ops-basic's
 
 # what `_value` computes (its ``op``); a and b are its two parameters
@@ -63,11 +75,40 @@ def _value(v, op, a, b):  # pragma: no cover - compiled
     return v * t if op == HARD_SWISH else t
 
 
+# here, not at the top: team.py imports the names above from this module (either module may be imported first)
+from . import team  # noqa: E402
+
+
 @jit
 def _into(x, y, op, a, b, lo, hi):  # pragma: no cover - compiled
     """y = op(x) over flat elements lo..hi."""
     for i in range(lo, hi):
         y[uintp(i)] = _value(x[uintp(i)], op, a, b)
+
+
+prange = range  # team.prange's stand-in (numba.prange at compile, _jit._compile_module): team.py imports this module
+
+
+@jit
+def _over(y, op, a, b, lo, hi):  # pragma: no cover - compiled
+    """y = op(y) over flat elements lo..hi: one array, so the loop vectorizes (`_into` on two arrays that are one
+    checks them for overlap and runs unvectorized: 6x slower, measured)."""
+    for i in range(lo, hi):
+        y[uintp(i)] = _value(y[uintp(i)], op, a, b)
+
+
+@jit(parallel=True)
+def _drive(x, y, op, a, b, parts):  # pragma: no cover - compiled
+    """y = op(x) over flat x in ``parts`` contiguous shares over a native team (team.py): `_into` each, or `_over`
+    y when x is y (in place)."""
+    n, same = x.size, x.ctypes.data == y.ctypes.data
+    for t in prange(parts):
+        lo = n * t // parts // LINE * LINE
+        hi = n if t == parts - 1 else n * (t + 1) // parts // LINE * LINE
+        if same:
+            _over(y, op, a, b, lo, hi)
+        else:
+            _into(x, y, op, a, b, lo, hi)
 
 
 @jit
@@ -102,9 +143,13 @@ def _elementwise(op: int, a: float, b: float) -> Any:
     _into(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), op, a32, b32, 0, 1)  # compile at build
     _in_place(np.zeros((1, 1), np.float32), op, a32, b32)
     _in_place(np.zeros((2, 2), np.float32)[:, :1], op, a32, b32)  # the strided tiles' version
+    if team.available():
+        _drive(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), op, a32, b32, 1)
 
     def run(x, *bounds, out=None):  # Clip-11's min and max inputs are constants, taken at build: unused here
-        if out is x and x.size < SPLIT_ELEMENTS:
+        # the team is asked only where the tensor splits over it: asking claims the run's threads (team.py)
+        size = team.size() if x.size >= (SPLIT_ELEMENTS if out is x else TEAM_SPLIT_ELEMENTS) else 1
+        if out is x and x.size < SPLIT_ELEMENTS and size == 1:
             # in place and not worth splitting (a fused op's activation on its output tile): one compiled call,
             # without the block machinery's Python, which cost as much as the pass on a squeeze-excite gate
             rows = x.reshape(1, -1) if x.flags.c_contiguous else _rows(x)
@@ -114,13 +159,16 @@ def _elementwise(op: int, a: float, b: float) -> Any:
         y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, np.float32)
         src, dst = readonly(np.ascontiguousarray(x)).reshape(-1), y.reshape(-1)
         n = src.size
-        blocks = -(-n // BLOCK)
-        parts = None if n >= SPLIT_ELEMENTS and intra_op_threads() > 1 else 1
+        if size > 1:
+            _drive(src, dst, op, a32, b32, size)
+        else:
+            blocks = -(-n // BLOCK)
+            parts = None if n >= SPLIT_ELEMENTS and intra_op_threads() > 1 else 1
 
-        def span(lo: int, hi: int) -> None:
-            _into(src, dst, op, a32, b32, lo * BLOCK, min(n, hi * BLOCK))
+            def span(lo: int, hi: int) -> None:
+                _into(src, dst, op, a32, b32, lo * BLOCK, min(n, hi * BLOCK))
 
-        parallel_for(blocks, span, parts=parts)
+            parallel_for(blocks, span, parts=parts)
         if out is not None and y is not out:
             np.copyto(out, y)
             return out

@@ -5,7 +5,9 @@ chunk); this is one pass, with the same float32 operations in the same order (th
 the sum: no fused multiply-add), so the results are the same bits. The activations taken are the
 numpy kernel's Relu (NaN kept, like np.maximum), Clip (np.clip's order) and LeakyRelu; others stay with
 numpy (`applies`). In place (X's memory is the output's) a single-array loop runs: numba's two-array
-loop checks its operands for overlap and runs unvectorized when they do.
+loop checks its operands for overlap and runs unvectorized when they do. Where a native team runs (team.py),
+rows from TEAM_SPLIT elements on are split over numba's threads by a compiled driver (`_drive`), the same
+loops on each share (so the same bits), instead of parallel_for (a hand-over of ~1 us against ~60).
 """
 
 from __future__ import annotations
@@ -17,11 +19,16 @@ import numpy as np
 
 from minfer_core import kernel, parallel_for
 
+from . import team
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .team import prange  # noqa: F401 (the driver's, compiled)
 
 ACTS = {"": 0, "Relu": 1, "Clip": 2, "LeakyRelu": 3}
 SPLIT = 1 << 20  # elements from which rows go over the intra-op threads (the numpy kernel's threshold)
 ROWS_PER_PART = 64
+# the same over a native team (team.py), whose hand-over costs a few microseconds: activation.py's bound (a pass as
+# cheap; elementwise.py's measured the same)
+TEAM_SPLIT = 1 << 17
 
 
 @jit
@@ -89,6 +96,18 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
             and (attrs.get("activation") or "") in ACTS)
 
 
+@jit(parallel=True)
+def _drive(src, dst, sv, bv, channels, inner, act, p0, p1, rows, same, parts):  # pragma: no cover - compiled
+    """`_affine` (`_affine_in_place` on dst when ``same``) over ``parts`` contiguous shares of the rows on a native
+    team (team.py)."""
+    for t in prange(parts):
+        r0, r1 = rows * t // parts, rows * (t + 1) // parts
+        if same:
+            _affine_in_place(dst, sv, bv, channels, inner, act, p0, p1, r0, r1)
+        else:
+            _affine(src, dst, sv, bv, channels, inner, act, p0, p1, r0, r1)
+
+
 # inplace: each element is read before it is written
 @kernel("ChannelAffine", domain="ai.minfer", since=1, priority=PRIORITY, prepare=True, out=True, inplace=(0,),
         views=False, applies=_applies)
@@ -101,6 +120,8 @@ def channel_affine(ctx, *, activation="", activation_params=None):
     built = _vectors(s_const, b_const) if b_const is not None else None  # the node's constants, laid out once
     _affine(readonly(one), one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)  # compile at build
     _affine_in_place(one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 0, 1)
+    if team.available():
+        _drive(readonly(one), one.copy(), readonly(one), readonly(one), 1, 1, act, p0, p1, 1, False, 1)
 
     def run(x, s, b, *, out=None):
         channels = x.shape[1]
@@ -117,6 +138,13 @@ def channel_affine(ctx, *, activation="", activation_params=None):
         same = overlap and x.shape == y.shape and x.flags.c_contiguous and x.ctypes.data == y.ctypes.data
         # a partial overlap (never made by the engine) is read from a copy
         src = dst if same else readonly(np.array(x, order="C") if overlap else np.ascontiguousarray(x)).reshape(-1)
+
+        # the team is asked only where the rows split over it: asking claims the run's threads (team.py)
+        size = team.size() if rows > 1 and x.size >= TEAM_SPLIT else 1
+        if size > 1:
+            _drive(readonly(dst) if same else src, dst, sv, bv, channels, inner, act, p0, p1, rows, same,
+                   min(size, rows))
+            return y
 
         def part(lo: int, hi: int) -> None:
             r0, r1 = lo * ROWS_PER_PART, min(rows, hi * ROWS_PER_PART)

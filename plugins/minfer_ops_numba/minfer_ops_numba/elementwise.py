@@ -25,6 +25,12 @@ Erf (``math.erf``) call libm one element at a time, slower than numpy's
 vector loops: `applies` leaves their programs to the numpy kernel (a direct
 call computes them, within a few ulps; README.md has the figures).
 
+Where a native team runs (team.py), an output from TEAM_SPLIT elements on is
+split over numba's threads by the source's second function, ``fused_team``
+(``parallel=True``, compiled at its first call), instead of parallel_for:
+the same loop on each share of rows (or of the inner axis), so the same
+bits, and a hand-over of about a microsecond against parallel_for's ~60 us.
+
 Compiled code is cached on disk (`_jit.cache_dir`): the generated source is
 written there under a hash of itself and imported, so that numba's
 ``cache=True`` finds it in a later process.
@@ -33,6 +39,7 @@ written there under a hash of itself and imported, so that numba's
 from __future__ import annotations
 
 import hashlib
+import math
 import importlib.util
 import os
 import sys
@@ -43,6 +50,7 @@ import numpy as np
 
 from minfer_core import KernelError, intra_op_threads, kernel, parallel_for
 
+from . import team
 from ._jit import F32, PRIORITY, cache_dir, readonly
 
 OP = "FusedElementwise"
@@ -53,6 +61,10 @@ CHUNK = 1 << 16  # elements per parallel_for range
 # from this many output elements the ranges go over the intra-op threads: the steps taken are cheap (~0.1 ns an
 # element), and on a shared host a hand-over of a smaller output cost more than it saved (README.md)
 SPLIT = 1 << 20
+# the same over a native team (team.py), whose hand-over costs a few microseconds: a Mul + HardSwish program (one
+# thread against a team of two, loaded host) went 25 -> 16 us at 301k elements, but 6.0 -> 7.5 at 65k
+TEAM_SPLIT = 1 << 17
+LINE = 16  # float32 elements per cache line: a team's shares of one row start on one (no line written by two)
 # steps numba computes with a libm call per element (no vector math library ships with it) where numpy's float32
 # loops are vectorized: 2-3x slower than the numpy kernel (README.md), so `applies` leaves their programs to numpy
 LIBM = {"Log", "Tanh", "Erf"}
@@ -190,13 +202,28 @@ def source(n: int, steps: list[tuple[str, tuple[int, ...]]], consts: np.ndarray,
     loop = [f"            v{i} = x{i}[uintp(b{i} + k)]" for i in range(n) if inner[i]]
     loop += ["            " + line for line in body] + [f"            y[uintp(o + k)] = t{len(steps) - 1}"]
     return "\n".join([
-        "import math", "import numpy as np", "from numba import njit, uintp", "",
+        "import math", "import numpy as np", "from numba import njit, prange, uintp", "",
         "_ZERO, _ONE, _HALF, _SIXTH = np.float32(0), np.float32(1), np.float32(0.5), np.float32(1 / 6)",
         EXP_CONSTANTS, "",
         '@njit(nogil=True, cache=True, fastmath=False, error_model="numpy")',
         f"def fused({params}y, c, bases, K, r_lo, r_hi, k_lo, k_hi):  # pragma: no cover - compiled",
         *head, "    for r in range(r_lo, r_hi):", "        o = r * K", *row,
-        "        for k in range(k_lo, k_hi):", *loop, ""])
+        "        for k in range(k_lo, k_hi):", *loop, "", TEAM_SOURCE.format(params=params), ""])
+
+
+# a native team's driver (team.py): ``parts`` contiguous shares of the rows, or of the inner axis (starting on a
+# cache line) when there are fewer rows than parts, each computed by `fused`
+TEAM_SOURCE = """
+@njit(nogil=True, cache=True, fastmath=False, error_model="numpy", parallel=True)
+def fused_team({params}y, c, bases, K, parts):  # pragma: no cover - compiled
+    rows = bases.shape[1]
+    for t in prange(parts):
+        if rows >= parts:
+            fused({params}y, c, bases, K, rows * t // parts, rows * (t + 1) // parts, 0, K)
+        else:
+            lo = K * t // parts // {line} * {line}
+            hi = K if t == parts - 1 else K * (t + 1) // parts // {line} * {line}
+            fused({params}y, c, bases, K, 0, rows, lo, hi)""".replace("{line}", str(LINE))
 
 
 _COMPILED: dict[str, Any] = {}
@@ -204,8 +231,9 @@ _LOCK = threading.Lock()
 
 
 def compiled(src: str) -> Any:
-    """The numba dispatcher of ``src``'s ``fused``: from this process's memo, else imported from the cache folder
-    (written there first, under a hash of the source, so numba's disk cache can key on the file)."""
+    """The numba dispatchers of ``src``'s ``fused`` and ``fused_team``: from this process's memo, else imported
+    from the cache folder (written there first, under a hash of the source, so numba's disk cache can key on the
+    file)."""
     key = hashlib.sha1(src.encode()).hexdigest()[:20]
     with _LOCK:
         fn = _COMPILED.get(key)
@@ -231,12 +259,12 @@ def _import(key: str, src: str) -> Any:
         except OSError:  # an unwritable folder: compile from memory, without the disk cache
             namespace: dict[str, Any] = {}
             exec(compile(src.replace("cache=True", "cache=False"), f"<minfer fused {key}>", "exec"), namespace)
-            return namespace["fused"]
+            return namespace["fused"], namespace["fused_team"]
         spec = importlib.util.spec_from_file_location(f"minfer_fused_{key}", path)
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         sys.modules[spec.name] = module  # type: ignore[union-attr]
         spec.loader.exec_module(module)  # type: ignore[union-attr]
-        return module.fused
+        return module.fused, module.fused_team
     finally:
         numba.config.CACHE_DIR = saved
 
@@ -292,10 +320,14 @@ def _static_shapes(ctx: Any) -> tuple[tuple[int, ...], ...] | None:
 # ---- the kernel ----------------------------------------------------------------------------------------------
 
 
-def _runner(fn: Any, views: list[np.ndarray], y: np.ndarray, c: np.ndarray, bases: np.ndarray, K: int) -> None:
-    """``fn`` over every row and inner index, in ranges of ~CHUNK elements over the threads from SPLIT on."""
-    rows = bases.shape[1]
-    if rows * K < SPLIT or intra_op_threads() < 2:
+def _runner(fns: Any, views: list[np.ndarray], y: np.ndarray, c: np.ndarray, bases: np.ndarray, K: int) -> None:
+    """``fns``' ``fused`` over every row and inner index: over a native team from TEAM_SPLIT on (its ``fused_team``),
+    else in ranges of ~CHUNK elements over parallel_for's threads from SPLIT on."""
+    fn, rows = fns[0], bases.shape[1]
+    size = team.size() if rows * K >= TEAM_SPLIT else 1  # asked only here: it claims the run's threads (team.py)
+    if size > 1:
+        fns[1](*views, y, c, bases, K, size)
+    elif rows * K < SPLIT or intra_op_threads() < 2:
         fn(*views, y, c, bases, K, 0, rows, 0, K)
     elif rows > 1:
         per = max(1, CHUNK // K)
@@ -324,17 +356,21 @@ def fused_elementwise(ctx, *, ops, args, constants=None):
         if fn is None:
             fn = variants[inner] = compiled(source(n, steps, consts, inner))
             probe = [readonly(np.zeros(1, t.dtype)) for t in ctx.input_types]
-            fn(*probe, np.zeros(1, F32), c, readonly(np.zeros((n, 1), np.int64)), 1, 0, 0, 0, 0)  # compile now
+            fn[0](*probe, np.zeros(1, F32), c, readonly(np.zeros((n, 1), np.int64)), 1, 0, 0, 0, 0)  # compile now
         return fn
 
     guess = _static_shapes(ctx)
     if guess is not None:
-        variant(layout(guess)[1])  # at build, not in the core's timing or the first run
+        shape, inner, _, _ = layout(guess)
+        fns = variant(inner)  # at build, not in the core's timing or the first run
+        if math.prod(shape) >= TEAM_SPLIT and team.available():  # the team's driver too, where it may run
+            probe = [readonly(np.zeros(1, t.dtype)) for t in ctx.input_types]
+            fns[1](*probe, np.zeros(1, F32), c, readonly(np.zeros((n, 1), np.int64)), 1, 1)
     layouts: dict[tuple[tuple[int, ...], ...], Any] = {}
 
     def plan(key: tuple[tuple[int, ...], ...]) -> Any:
         shape, inner, bases, K = layout(key)
-        return shape, variant(inner), bases, K, bases.shape[1] * K >= SPLIT
+        return shape, variant(inner), bases, K, bases.shape[1] * K >= min(SPLIT, TEAM_SPLIT)
 
     # per call on tiny tensors the Python around the compiled loop cost as much as the loop (a detector's
     # [1, 768, 2] Sigmoid-Mul: ~4 us of 8), so the plan holds all that depends on the shapes alone
@@ -351,7 +387,7 @@ def fused_elementwise(ctx, *, ops, args, constants=None):
             if big:
                 _runner(fn, views, y.reshape(-1), c, bases, K)
             else:
-                fn(*views, y.reshape(-1), c, bases, K, 0, bases.shape[1], 0, K)
+                fn[0](*views, y.reshape(-1), c, bases, K, 0, bases.shape[1], 0, K)
         if out is not None and y is not out:
             np.copyto(out, y)
             return out

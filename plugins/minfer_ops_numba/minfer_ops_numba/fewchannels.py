@@ -17,6 +17,11 @@ contiguous copy) took 46-50 us for the im2col against 43-44 this way. Computing 
 loop ran at ~75% of the FP pipes' peak but OpenBLAS's sgemm runs faster; one pass over all 27 taps (the
 weights spill) and fused multiply-adds were slower still. The GEMM also won at 16 and 8 output channels
 (MobileNetV3, the OCR detector's 320x320 stem): 137-165 us against 176-211 for the direct sums.
+
+Where a native team runs (team.py) and the epilogue has a compiled form, a compiled driver (`drive`) runs the
+bands over numba's threads instead of parallel_for: the same im2col, the same BLAS GEMM (`team.gemm`, numpy's
+OpenBLAS called from compiled code) and the epilogue by `team.finish`, so the same bits; its hand-over costs about
+a microsecond against parallel_for's ~60 us, so smaller stems split too (`TEAM_SPLIT_MACS`).
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 
+from . import team
 from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
+from .team import NOTHING, finish, prange  # noqa: F401 (finish, prange: the driver's, compiled)
 from .window import window
 
 MAX_CHANNELS = 4  # input channels: with more, a plain im2col's copy is a smaller share of the work
@@ -40,6 +47,11 @@ MAX_CHANNELS = 4  # input channels: with more, a plain im2col's copy is a smalle
 UNIT_BYTES = 448 << 10
 # from this many multiply-adds the bands are shared between the intra-op threads (as smallconv.py)
 MIN_SPLIT_MACS = 8_000_000
+# the same over a native team, whose hand-over costs a few microseconds (team.py). Measured, one thread against a
+# team of two with the fused activation (loaded host, BLAS on one thread): 224x224 -> 32 (MobileNetV2) 232 -> 129
+# us (parallel_for: 136), -> 16 (MobileNetV3) 151 -> 90 (parallel_for did not split it), 320x320 -> 8 (the OCR
+# detector) 180 -> 101, 112x112 -> 32 (2.7M) 58 -> 43; 64x64 -> 16 (0.4M) 15 -> 15
+TEAM_SPLIT_MACS = 1_000_000
 
 
 @jit
@@ -90,6 +102,28 @@ def im2col(x, row, cols, geo):  # pragma: no cover - compiled
             last[uintp(j)] = 1.0
 
 
+@jit(parallel=True)
+def drive(address, xs, packed, y, z, table, rows, cols, op, a, b):  # pragma: no cover - compiled
+    """The bands of ``table`` (rows: `im2col`'s geo, then the output width) in ``cols.shape[0]`` contiguous shares
+    over a native team (team.py): a band's im2col into its thread's ``rows`` and ``cols`` (flat scratch), one
+    BLAS GEMM (`team.gemm` at ``address``) of the packed weights into y's band (y: (N, M, OH*OW)), then the
+    epilogue (`team.finish`: z the residual flat or empty, the activation ``op``), as `conv`'s Python path does."""
+    m, k, ohw = packed.shape[0], packed.shape[1], y.shape[2]
+    yf, y0, w0 = y.reshape(-1), np.int64(y.ctypes.data), np.int64(packed.ctypes.data)
+    parts, count = cols.shape[0], table.shape[0]
+    for t in prange(parts):
+        row, cf = rows[t], cols[t]
+        for u in range(count * t // parts, count * (t + 1) // parts):
+            geo = table[u]
+            i, r0, r1, ow = geo[0], geo[1], geo[2], geo[7]
+            columns = (r1 - r0) * ow
+            band = cf[:k * columns].reshape((k, columns))
+            im2col(xs, row, band, geo)
+            at = i * m * ohw + r0 * ow
+            gemm(address, m, columns, k, w0, k, np.int64(band.ctypes.data), columns, y0 + 4 * at, ohw, np.float32(0))
+            finish(yf, z, at, m, columns, ohw, NOTHING, 0, op, a, b)
+
+
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     """A 2-D float32 conv of one group with at most MAX_CHANNELS input channels, a constant 3x3 float32 weight
     (and bias), strides 1 or 2, no dilation and non-negative pads."""
@@ -119,28 +153,42 @@ class Node:
         self.pads, self.auto_pad = pads, auto_pad
         self.strides = tuple(int(v) for v in strides or (1, 1))
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        self.work: dict[tuple[int, ...], int] = {}
 
-    def plan(self, shape: tuple[int, ...], threads: int) -> tuple[Any, ...]:
+    def macs(self, shape: tuple[int, ...]) -> int:
+        """The conv's multiply-adds for an input of this shape (worked out once per shape)."""
+        found = self.work.get(shape)
+        if found is None:
+            oh, ow = window(shape[2:], (3, 3), self.strides, (1, 1), self.pads, self.auto_pad, clamp_same=True)[2]
+            found = self.work[shape] = shape[0] * oh * ow * self.packed.shape[0] * (self.packed.shape[1] - 1)
+        return found
+
+    def plan(self, shape: tuple[int, ...], threads: int, native: bool = False) -> tuple[Any, ...]:
         """For an input of this shape, once per shape: y's shape, the input row's scratch size, how many parts
         to run the units in, and each unit (one image's band of output rows) with its compiled call's geometry,
-        its im2col's shape, its columns of y (viewed as (N, M, OH*OW)) and its region of y."""
+        its im2col's shape, its columns of y (viewed as (N, M, OH*OW)) and its region of y; and `drive`'s table
+        of the units. ``native``: the parts are a native team's (team.py), which splits from TEAM_SPLIT_MACS."""
         begin, _, (oh, ow) = window(shape[2:], (3, 3), self.strides, (1, 1), self.pads, self.auto_pad,
                                     clamp_same=True)
         (sh, sw), n, (m, k) = self.strides, shape[0], self.packed.shape
         work = n * oh * ow * m * (k - 1)
-        parts = threads if threads > 1 and work >= MIN_SPLIT_MACS else 1
-        bands = bands_of(n, oh, ow, k, parts) if oh * ow else []
+        parts = threads if threads > 1 and work >= (TEAM_SPLIT_MACS if native else MIN_SPLIT_MACS) else 1
+        bands = bands_of(n, oh, ow, k, parts, native) if oh * ow else []
         need = (ow - 1) * sw + 3  # a padded input row, as far as the last output's taps read
         made = [(np.array((i, r0, r1, sh, sw, begin[0], begin[1]), np.int64), (k, (r1 - r0) * ow),
                  (i, slice(None), slice(r0 * ow, r1 * ow)), (slice(i, i + 1), slice(None), slice(r0, r1)))
                 for i, r0, r1 in bands]
-        return (n, m, oh, ow), need, min(parts, len(made)), made
+        table = readonly(np.array([tuple(geo) + (ow,) for geo, *_ in made], np.int64).reshape(-1, 8))
+        return (n, m, oh, ow), need, min(parts, len(made)), made, table
 
 
-def bands_of(n: int, rows: int, columns: int, k: int, parts: int) -> list[tuple[int, int, int]]:
+def bands_of(n: int, rows: int, columns: int, k: int, parts: int, even: bool = False) -> list[tuple[int, int, int]]:
     """(image, r0, r1) units: each image's output rows in equal bands whose im2col (``k`` rows) takes at most
-    UNIT_BYTES (a row at least), and at least ``parts`` bands in all (a thread's share)."""
+    UNIT_BYTES (a row at least), and at least ``parts`` bands in all (a thread's share); ``even``: a multiple of
+    ``parts`` bands an image, where that many rows allow (a native team's contiguous shares are then as large)."""
     per_image = max(math.ceil(rows * columns * k * 4 / UNIT_BYTES), math.ceil(parts / n))
+    if even and n % parts:
+        per_image = math.ceil(per_image / parts) * parts
     step = math.ceil(rows / min(rows, per_image))
     return [(i, r0, min(rows, r0 + step)) for i in range(n) for r0 in range(0, rows, step)]
 
@@ -153,19 +201,44 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     """Conv-1/11/22 of at most 4 input channels, 3x3 (see `applies`): phase-plane im2col, one BLAS GEMM a band."""
     node = Node(ctx, auto_pad, pads, strides)
     packed, plans = node.packed, node.plans
-    _warm(node, ctx.input_types[0].shape)
+    address = team.gemm_address() if team.available() else 0
+    if address:
+        globals()["gemm"] = team.install()  # before `drive` compiles: it looks the name up here
+    _warm(node, ctx.input_types[0].shape, address)
+
+    def path(x: np.ndarray, epilogue: Any) -> tuple[int, tuple[Any, ...] | None]:
+        """The threads to cut a run's bands for, and the epilogue's (z, op, a, b) when they are a native team's
+        (`drive`'s path), else None. The team is asked for last, and only where the stem splits over it: asking
+        claims the run's threads (team.py)."""
+        threads = intra_op_threads()
+        if not address or threads < 2 or node.macs(x.shape) < TEAM_SPLIT_MACS:
+            return threads, None
+        fused = team.PLAIN if epilogue is None else team.native(epilogue)
+        if fused is None:
+            return threads, None
+        size = team.size()
+        return (size, (fused[3],) + fused[:3]) if size > 1 else (intra_op_threads(), None)
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
-        threads = intra_op_threads()
-        key = x.shape + (threads,)
+        threads, native = path(x, epilogue)
+        key = x.shape + (threads, native is not None)
         if key not in plans:
-            plans[key] = node.plan(x.shape, threads)
-        shape, need, parts, made = plans[key]
+            plans[key] = node.plan(x.shape, threads, native is not None)
+        shape, need, parts, made, table = plans[key]
         y = out if out is not None else np.empty(shape, np.float32)  # out: C-contiguous, as the engine's
         if y.size == 0:
             return y
         xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
         yg = y.reshape(shape[0], shape[1], -1)
+        if native is not None and parts > 1 and team.fits(native[0], shape):
+            z, op, a, c = native
+            z = NOTHING if z is None else readonly(z.reshape(-1))
+            rows = scratch("fewchannels-team-row", (parts, need), np.float32)
+            cols = scratch("fewchannels-team-cols", (parts, max(math.prod(s) for _, s, _, _ in made)), np.float32)
+            # one range, which the driver splits itself: a process team's ranks still write y only in here
+            parallel_for(1, lambda lo, hi: drive(address, xs, packed, yg, z, table, rows, cols, op, a, c), parts=1,
+                         outputs_only=True)
+            return y
 
         def span(lo: int, hi: int) -> None:
             row = scratch("fewchannels-row", (need,), np.float32)
@@ -183,16 +256,21 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     return spmd(run)
 
 
-def _warm(node: Node, shape: Any) -> None:
+def _warm(node: Node, shape: Any, address: int) -> None:
     """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
-    of the kernels the core compares; and for an input shape known at build, grow this thread's scratch to
-    what a run takes, so that its page faults do not count against this kernel either (the core excludes a
-    candidate whose first call took twice the best one's; the other kernels' scratch may be warm already)."""
-    x = readonly(np.zeros((1, (node.packed.shape[1] - 1) // 9, 1, 1), np.float32))
-    im2col(x, np.zeros(3, np.float32), np.zeros(node.packed.shape[1:] + (1,), np.float32),
-           np.array((0, 0, 1, 1, 1, 1, 1), np.int64))
+    of the kernels the core compares (the team's driver too, where one may run: ``address``); and for an input
+    shape known at build, grow this thread's scratch to what a run takes, so that its page faults do not count
+    against this kernel either (the core excludes a candidate whose first call took twice the best one's; the
+    other kernels' scratch may be warm already)."""
+    (m, k), geo = node.packed.shape, (0, 0, 1, 1, 1, 1, 1)
+    x = readonly(np.zeros((1, (k - 1) // 9, 1, 1), np.float32))
+    im2col(x, np.zeros(3, np.float32), np.zeros((k, 1), np.float32), np.array(geo, np.int64))
+    if address:
+        drive(address, x, node.packed, np.zeros((1, m, 1), np.float32), NOTHING,
+              readonly(np.array([geo + (1,)], np.int64)), np.zeros((1, 3), np.float32), np.zeros((1, k), np.float32),
+              team.NONE, np.float32(0), np.float32(0))
     if shape is not None and len(shape) == 4 and all(isinstance(d, int) and d > 0 for d in shape):
-        _, need, _, made = node.plan(tuple(shape), 1)
+        _, need, _, made, _ = node.plan(tuple(shape), 1)
         scratch("fewchannels-row", (need,), np.float32).fill(0.0)
         if made:
             scratch("fewchannels-cols", max((cols for _, cols, _, _ in made), key=math.prod), np.float32).fill(0.0)

@@ -21,8 +21,10 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, scratch
 
+from . import team
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .elementwise import EXP_CONSTANTS
+from .team import prange  # noqa: F401 (the driver's, compiled)
 
 # t * P(t) = ln erfc(t / sqrt 2), P's coefficients from the constant term up (minfer-passes' `gelu._P`)
 P = np.array([-0.7979143261909485, -0.3180961012840271, -0.03690189868211746, 0.0055295554921031,
@@ -39,6 +41,10 @@ _P0, _P1, _P2, _P3, _P4, _P5 = _exp_names["_EXP_P"]
 
 BLOCK = 1 << 16  # elements per parallel_for range
 SPLIT_ELEMENTS = 1 << 18  # from this size (~100 us of work) the blocks go over the intra-op threads
+# the same over a native team (team.py: a hand-over of a few us): rows.py's Softmax bound, for a pass as costly (a
+# polynomial and an exp an element)
+TEAM_SPLIT_ELEMENTS = 1 << 14
+LINE = 16  # elements per cache line: a team's shares start on one, so that no line is written by two threads
 
 
 @jit
@@ -69,6 +75,24 @@ def _gelu(x, y, lo, hi):  # pragma: no cover - compiled
         y[uintp(i)] = m - e
 
 
+@jit(parallel=True)
+def _drive(x, y, tmp, parts):  # pragma: no cover - compiled
+    """`_gelu` of flat x into y over ``parts`` contiguous shares on a native team (team.py). In place (``tmp`` has
+    rows: one per thread, of BLOCK elements) each share goes through its thread's row of ``tmp``, as `_span`."""
+    n = x.size
+    for t in prange(parts):
+        lo = n * t // parts // LINE * LINE
+        hi = n if t == parts - 1 else n * (t + 1) // parts // LINE * LINE
+        if tmp.shape[0] == 0:
+            _gelu(x, y, lo, hi)
+        else:
+            buf = tmp[t]
+            for at in range(lo, hi, buf.size):
+                end = min(hi, at + buf.size)
+                _gelu(x[at:end], buf, 0, end - at)
+                y[at:end] = buf[:end - at]
+
+
 def _span(x: np.ndarray, y: np.ndarray, lo: int, hi: int) -> None:
     """GELU of flat elements lo..hi of x into y. In place (x's memory is y's), through this thread's scratch: the
     compiled loop checks its operands for overlap and runs unvectorized when they do (9x slower)."""
@@ -91,11 +115,20 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 def gelu(ctx):
     """ai.minfer::Gelu-1 (float32): x * Phi(x), the numpy kernel's formula in one compiled pass."""
     _gelu(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), 0, 1)  # compile (or load) at build
+    if team.available():
+        _drive(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), np.zeros((0, BLOCK), np.float32), 1)
 
     def run(x, *, out=None):
         y = out if out is not None else np.empty(x.shape, np.float32)
         flat, dst = readonly(np.ascontiguousarray(x)).reshape(-1), y.reshape(-1)
         n = flat.size
+        # the team is asked only where the tensor splits over it: asking claims the run's threads (team.py)
+        size = team.size() if n >= TEAM_SPLIT_ELEMENTS else 1
+        if size > 1:
+            shared = np.may_share_memory(flat, dst)
+            tmp = scratch("minfer_ops_numba-gelu-team", (size if shared else 0, BLOCK), np.float32)
+            _drive(flat, dst, tmp, size)
+            return y
         if n < SPLIT_ELEMENTS or intra_op_threads() < 2:
             _span(flat, dst, 0, n)
             return y

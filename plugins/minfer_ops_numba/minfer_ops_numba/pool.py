@@ -6,6 +6,11 @@ its taps; the padding is the loop bounds. Planes are cut into units of about
 UNIT_BYTES that go over the intra-op threads. Stride-1 pools stay with the
 numpy kernel, which was faster there (`_applies_2d`).
 
+Where a native team runs (team.py), a compiled driver (`drive`) runs the
+units over numba's threads instead of parallel_for (the same loops, so the
+same bits): its hand-over costs about a microsecond against parallel_for's
+~60 us, so much smaller pools split (`TEAM_SPLIT_CELLS`).
+
 GlobalAveragePool is not here: the numpy kernel's row sums are one BLAS
 matrix-vector product, which a compiled loop did not beat (1x1024x7x7:
 16 us against 6.7).
@@ -20,13 +25,33 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
-from ._jit import PRIORITY, is_float32, readonly
+from . import team
+from ._jit import PRIORITY, is_float32, jit, readonly
 from .loops import pool_rows, scale_planes
+from .team import prange  # noqa: F401 (the driver's, compiled)
 from .window import Window, window
 
 UNIT_BYTES = 256 << 10  # a unit's planes, in and out: they stay in L2 while it runs
 # from this many input cells a pool is split over the threads (~300 us of work here; the hand-over costs 10-50 us)
 MIN_SPLIT_CELLS = 600_000
+# the same over a native team (team.py), whose hand-over costs a few microseconds: 3x3 stride-2 MaxPools (one thread
+# against a team of two, loaded host) went 19 -> 15 us at 33k and 50k input cells, 246 -> 125 at 803k (parallel_for:
+# 157), and no faster at 9k (8.2 -> 8.6)
+TEAM_SPLIT_CELLS = 30_000
+
+
+@jit(parallel=True)
+def drive(x, y, is_max, scale, table, parts, kh, kw, sh, sw, ph, pw, dh, dw):  # pragma: no cover - compiled
+    """The units of ``table`` (rows p0, p1: planes) in ``parts`` contiguous shares over a native team (team.py):
+    `pool_rows` from x (P, H, W) into y (P, OH, OW), then `scale_planes` by ``scale`` when it has elements (an
+    average), as `_pool`'s parallel_for path does."""
+    count = table.shape[0]
+    for t in prange(parts):
+        for u in range(count * t // parts, count * (t + 1) // parts):
+            p0, p1 = table[u, 0], table[u, 1]
+            pool_rows(x, y, is_max, p0, p1, kh, kw, sh, sw, ph, pw, dh, dw)
+            if scale.size:
+                scale_planes(y, scale, p0, p1)
 
 
 def _counts(in_shape: tuple[int, ...], w: Window, kernel: tuple[int, ...], strides: tuple[int, ...],
@@ -46,11 +71,16 @@ def _scale(counts: np.ndarray) -> np.ndarray:
         return readonly(np.ascontiguousarray(np.where(counts > 0, 1.0 / counts, np.nan).astype(np.float32)))
 
 
-def _plane_units(planes: int, plane_bytes: int, cells: int, threads: int) -> tuple[list[tuple[int, int]], int]:
-    """(p0, p1) ranges of about UNIT_BYTES (at least one per thread when worth splitting) and the parts."""
+def _plane_units(planes: int, plane_bytes: int, cells: int, threads: int,
+                 native: bool = False) -> tuple[list[tuple[int, int]], int]:
+    """(p0, p1) ranges of about UNIT_BYTES (at least one per thread when worth splitting) and the parts; over a
+    native team (``native``) from TEAM_SPLIT_CELLS, in a multiple of the parts of one size where planes allow
+    (its parts are contiguous shares of the units)."""
     per = max(1, min(planes, UNIT_BYTES // max(plane_bytes, 1)))
-    split = threads > 1 and cells >= MIN_SPLIT_CELLS
-    if split:
+    split = threads > 1 and cells >= (TEAM_SPLIT_CELLS if native else MIN_SPLIT_CELLS)
+    if split and native:
+        per = max(1, math.ceil(planes / (math.ceil(math.ceil(planes / per) / threads) * threads)))
+    elif split:
         per = min(per, math.ceil(planes / threads))
     found = [(p, min(planes, p + per)) for p in range(0, planes, per)]
     return found, min(threads, len(found)) if split else 1
@@ -62,24 +92,38 @@ def _pool(average: bool, kernel_shape, strides, pads, auto_pad, dilations=None, 
     st, dl = tuple(strides or (1, 1)), tuple(dilations or (1, 1))
     plans: dict[tuple[int, ...], Any] = {}
 
-    def plan(shape: tuple[int, ...]) -> Any:
+    def plan(shape: tuple[int, ...], threads: int, native: bool) -> Any:
         w = window(shape[2:], kernel, st, dl, pads, auto_pad, ceil_mode)
         planes = shape[0] * shape[1]
         scale = _scale(_counts(shape[2:], w, kernel, st, dl, bool(include_pad))) if average else None
         plane_bytes = (shape[2] * shape[3] + math.prod(w.out_shape)) * 4
-        return w, scale, _plane_units(planes, plane_bytes, planes * shape[2] * shape[3], intra_op_threads())
+        found, parts = _plane_units(planes, plane_bytes, planes * shape[2] * shape[3], threads, native)
+        return w, scale, (found, parts), readonly(np.array(found, np.int64).reshape(-1, 2))
 
     def run(x, *, out=None):
-        key = x.shape + (intra_op_threads(),)
+        threads = intra_op_threads()
+        # the team is asked only where a pool splits over it: asking claims the run's threads (team.py)
+        if threads > 1 and x.size >= TEAM_SPLIT_CELLS and team.available():
+            size = team.size()
+            threads, native = (size, True) if size > 1 else (intra_op_threads(), False)
+        else:
+            native = False
+        key = x.shape + (threads, native)
         if key not in plans:
-            plans[key] = plan(x.shape)
-        w, scale, (found, parts) = plans[key]
+            plans[key] = plan(x.shape, threads, native)
+        w, scale, (found, parts), table = plans[key]
         y = out if out is not None else np.empty(x.shape[:2] + w.out_shape, np.float32)
         if y.size == 0:
             return y
         src = readonly(np.ascontiguousarray(x)).reshape((-1,) + x.shape[2:])
         dst = y.reshape((-1,) + w.out_shape)
         geo = (kernel[0], kernel[1], st[0], st[1], w.begin[0], w.begin[1], dl[0], dl[1])
+        if native and parts > 1:
+            scaled = _NO_SCALE if scale is None else scale
+            # one range, which the driver splits itself: a process team's ranks still write y only in here
+            parallel_for(1, lambda lo, hi: drive(src, dst, not average, scaled, table, parts, *geo), parts=1,
+                         outputs_only=True)
+            return y
 
         def span(lo: int, hi: int) -> None:
             for p0, p1 in found[lo:hi]:
@@ -94,12 +138,19 @@ def _pool(average: bool, kernel_shape, strides, pads, auto_pad, dilations=None, 
     return spmd(run)
 
 
+_NO_SCALE = readonly(np.zeros((0, 0), np.float32))  # `drive`'s scale for a max pool
+
+
 def _warm(average: bool, geo: tuple[int, ...]) -> None:
-    """Compile (or load from the cache) at build rather than in the first run (see depthwise._warm)."""
+    """Compile (or load from the cache) at build rather than in the first run (see depthwise._warm); the team's
+    driver too where one may run."""
     x, y = readonly(np.zeros((1, 4, 4), np.float32)), np.zeros((1, 2, 2), np.float32)
     pool_rows(x, y, not average, 0, 1, *geo)
+    scale = readonly(np.ones((2, 2), np.float32)) if average else _NO_SCALE
     if average:
-        scale_planes(y, readonly(np.ones((2, 2), np.float32)), 0, 1)
+        scale_planes(y, scale, 0, 1)
+    if team.available():
+        drive(x, y, not average, scale, readonly(np.array([[0, 1]], np.int64)), 1, *geo)
 
 
 def _applies_2d(ctx: Any, attrs: dict[str, Any]) -> bool:

@@ -20,6 +20,11 @@ LayerNormalization: per row the mean (eight partial sums, divided by the
 length), d = x - mean, inv = 1 / sqrt(sum(d * d) / n + epsilon), then
 y = d * inv * scale + bias, in the numpy kernel's order but with other sums
 (it takes means as matrix-vector products): within a few float32 ulps of it.
+
+Where a native team runs (team.py), rows from TEAM_SPLIT_ELEMENTS elements on
+are split over numba's threads by compiled drivers (`_drive`, `_drive_norm`)
+instead of parallel_for: each share of whole rows by the same loop, so the
+same bits, and a hand-over of about a microsecond against ~60 us.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for
 
+from . import team
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .elementwise import EXP_CONSTANTS
+from .team import prange  # noqa: F401 (the drivers', compiled)
 
 _exp_names: dict[str, Any] = {"np": np}
 exec(EXP_CONSTANTS, _exp_names)  # the one definition of the exp's constants (elementwise.py)
@@ -44,6 +51,11 @@ _HALF, _ONE, _ZERO = np.float32(0.5), np.float32(1), np.float32(0)
 ROWS_BLOCK = 1 << 16  # elements per parallel_for range (whole rows)
 SHORT_ROW = 16  # rows shorter than this go column by column (`_short_rows`)
 SPLIT_ELEMENTS = 1 << 17  # from this size the rows go over the intra-op threads (as the numpy kernel's)
+# the same over a native team (team.py), whose hand-over costs a few microseconds. Measured (one thread against a
+# team of two, loaded host): Softmax of 128-float rows 14 -> 11 us at 16k elements, 49 -> 29 at 65k, none at 8k;
+# LayerNormalization of 256-float rows 14 -> 12 at 32k, but 8.5 -> 9.1 at 16k: it splits from TEAM_SPLIT_NORM
+TEAM_SPLIT_ELEMENTS = 1 << 14
+TEAM_SPLIT_NORM = 1 << 15
 
 
 @jit
@@ -185,6 +197,8 @@ def _factory(log: bool, coerced: bool) -> Any:
 
     def make(ctx, *, axis=1 if coerced else -1):
         _rows(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), 1, 0, 1, log)  # compile at build
+        if team.available():
+            _drive(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), 1, 1, log, 1)
         cuts: dict[tuple[int, ...], int] = {}
 
         def cols_of(shape: tuple[int, ...]) -> int:
@@ -212,8 +226,26 @@ def _factory(log: bool, coerced: bool) -> Any:
     return make
 
 
+@jit(parallel=True)
+def _drive(x, y, cols, rows, log, parts):  # pragma: no cover - compiled
+    """`_rows` over ``parts`` contiguous shares of the rows on a native team (team.py)."""
+    for t in prange(parts):
+        _rows(x, y, cols, rows * t // parts, rows * (t + 1) // parts, log)
+
+
+def _team(rows: int, cols: int, least: int) -> int:
+    """The native team to split these rows over (from ``least`` elements), or 1. Asked only where they would split:
+    it claims the run's threads (team.py)."""
+    return team.size() if rows > 1 and rows * cols >= least else 1
+
+
 def _spread(x: np.ndarray, y: np.ndarray, cols: int, rows: int, log: bool) -> None:
-    """The rows in one call, or in blocks of whole rows over the threads from SPLIT_ELEMENTS on."""
+    """The rows in one call, or in blocks of whole rows over the threads: a native team's from TEAM_SPLIT_ELEMENTS
+    on, else parallel_for's from SPLIT_ELEMENTS on."""
+    size = _team(rows, cols, TEAM_SPLIT_ELEMENTS)
+    if size > 1:
+        _drive(x, y, cols, rows, log, min(size, rows))
+        return
     if rows * cols < SPLIT_ELEMENTS or rows < 2 or intra_op_threads() < 2:
         _rows(x, y, cols, 0, rows, log)
         return
@@ -301,6 +333,9 @@ def layer_normalization(ctx, *, axis=-1, epsilon=1e-5, stash_type=1):
     one = readonly(np.ones(1, np.float32))
     _norm_rows(one, np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(1, np.float32), one, one, True,
                np.float32(epsilon), 1, 0, 1)  # compile at build
+    if team.available():
+        _drive_norm(one, np.zeros(1, np.float32), np.zeros(1, np.float32), np.zeros(1, np.float32), one, one, True,
+                    np.float32(epsilon), 1, 1, 1)
     consts = tuple(ctx.constants) + (None, None, None)
     eps = np.float32(epsilon)
     plans: dict[tuple[tuple[int, ...], ...], Any] = {}
@@ -333,8 +368,19 @@ def layer_normalization(ctx, *, axis=-1, epsilon=1e-5, stash_type=1):
     return run
 
 
+@jit(parallel=True)
+def _drive_norm(x, y, mean, inv, g, c, shift, eps, cols, rows, parts):  # pragma: no cover - compiled
+    """`_norm_rows` over ``parts`` contiguous shares of the rows on a native team (team.py)."""
+    for t in prange(parts):
+        _norm_rows(x, y, mean, inv, g, c, shift, eps, cols, rows * t // parts, rows * (t + 1) // parts)
+
+
 def _norm_spread(x, y, mean, inv, g, c, shift, eps, cols, rows) -> None:
-    """The rows in one call, or in blocks of whole rows over the threads from SPLIT_ELEMENTS on."""
+    """The rows in one call, or in blocks of whole rows over the threads (as `_spread`)."""
+    size = _team(rows, cols, TEAM_SPLIT_NORM)
+    if size > 1:
+        _drive_norm(x, y, mean, inv, g, c, shift, eps, cols, rows, min(size, rows))
+        return
     if rows * cols < SPLIT_ELEMENTS or rows < 2 or intra_op_threads() < 2:
         _norm_rows(x, y, mean, inv, g, c, shift, eps, cols, 0, rows)
         return
