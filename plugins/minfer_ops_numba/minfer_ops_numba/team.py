@@ -156,6 +156,8 @@ def available() -> bool:
 
                         ok = numba.threading_layer() in LAYERS
                         _state["max"] = numba.config.NUMBA_NUM_THREADS
+                        if ok and _WHERE is not None:  # now (at build), not in the first kernel to ask `size`: 8 ms
+                            _local.tids = _team_tids()  # (160 uncached), and the tuner dropped that kernel for it
                         if ok and hasattr(os, "register_at_fork"):
                             os.register_at_fork(after_in_child=_forked)
                     except (ValueError, ImportError, OSError):  # no threading layer loads
