@@ -309,3 +309,26 @@ print(os.waitstatus_to_exitcode(status))
     out = subprocess.run([sys.executable, "-c", code, here], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "0"
+
+
+def test_a_sessions_no_to_claims_ends_with_its_run(monkeypatch):
+    """The pool is shared: a session whose shape settled on no claims says so for its own runs only; kernels in a
+    later using_threads block may claim again."""
+    from minfer_parallel.procs import ModeChoice
+
+    _needs_team()
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    model = _gemm_model(8, 512, 300, 1, "Relu", True)
+    x = np.ones((8, 512), np.float32)
+    session = minfer_core.InferenceSession(model, threads=2)
+    session.run(None, {"x": x})
+    session.run(None, {"x": x})
+    (sig,) = session.executor.teams
+    session.executor.teams[sig] = ModeChoice(team=False)
+    seen = []
+    real = team.size
+    monkeypatch.setattr(team, "size", lambda: seen.append(real()) or seen[-1])
+    session.run(None, {"x": x})
+    assert seen == [1]  # refused inside the run
+    with using_threads(2):
+        assert claim_threads() == 2

@@ -98,6 +98,7 @@ class ThreadsExecutor(SequentialExecutor):
             if pool is not None:
                 pool.leave()
                 self._learn(sig, choice, pool, pool.claims > claims, time.perf_counter() - start, fresh)
+                pool.claimable = True  # this run's say only: the pool is shared (other sessions, using_threads)
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
