@@ -37,12 +37,9 @@ class using_pool:
 
 @contextlib.contextmanager
 def using_threads(threads: int) -> Iterator[None]:
-    """Within the block, `parallel_for` in this thread spreads work over ``threads`` threads.
-
-    The threads come from the installed executor with the highest priority
-    that offers them (`Executor.threads`); with none installed the block runs
-    serially. For kernels' tests and benchmarks: sessions choose their own.
-    """
+    """Within the block, `parallel_for` in this thread spreads work over ``threads`` threads: the installed
+    executor with the highest priority that offers them (`Executor.threads`) gives them, else the block runs
+    serially. For kernels' tests and benchmarks: sessions choose their own."""
     from .plugins import get_registry
 
     offers = [e for e in get_registry().executors if e.threads is not None]

@@ -138,8 +138,8 @@ class Choice:
     chosen candidate's call applies it.
     """
 
-    def __init__(self, key: str, names: list[str], fns: list[Callable[..., Any]]) -> None:
-        self.key, self.names, self.fns = key, names, fns
+    def __init__(self, key: str, names: list[str], fns: list[Callable[..., Any]], static: bool = False) -> None:
+        self.key, self.names, self.fns, self.static = key, names, fns, static  # static: one input shape ever
         self._chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._prior: str | None = None  # the name the last new input shapes chose: the next ones' `choose` prior
 
@@ -154,6 +154,8 @@ class Choice:
             won = choose(key, self.names, lambda i: seconds(self.fns[i], *args, **trial), self._prior)
             fn = self._chosen[shapes] = self.fns[won]
             self._prior = self.names[won]
+            if self.static:  # no other shape will come: the losers' packed weights go (they held a second copy)
+                self.names, self.fns = [self.names[won]], [fn]  # (then `choose` has one name: no timing)
         return fn(*args, **kwargs)
 
 
@@ -190,7 +192,8 @@ def prepare(kernels: Sequence[Kernel], ctx: KernelContext, attributes: Mapping[s
     key = f"{kernels[0].domain}::{ctx.op_type}-{ctx.opset}|{sorted(attributes.items())}|consts={consts}"
     info = getattr(registry, "plugins", {})
     names = [f"{k.plugin}-{getattr(info.get(k.plugin), 'version', '')}:{k.fn.__module__}.{k.fn.__qualname__}" for k in kernels]
-    return Choice(key, names, [k.prepared(ctx, attributes) for k in kernels])
+    # static: the node meets one input shape ever, so the losers of its one choice are dropped
+    return Choice(key, names, [k.prepared(ctx, attributes) for k in kernels], all(t is None or t.is_static for t in ctx.input_types))
 
 
 def prepare_node(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any], domain: str = "",

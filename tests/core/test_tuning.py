@@ -105,6 +105,31 @@ def test_a_choice_keeps_one_candidate_per_shape_in_later_runs(monkeypatch):
     assert calls[-2:] == [("b", (1,)), ("a", (2,))]
 
 
+def test_a_static_nodes_choice_lets_the_losers_go(monkeypatch):
+    """A node whose inputs have one static shape keeps only the chosen candidate once it chose (the others' packed
+    weights were a second copy of the node's weights); a node of symbolic shapes keeps them all for its next shapes."""
+    import gc
+    import weakref
+
+    class Candidate:
+        def __init__(self, name):
+            self.name = name
+
+        def __call__(self, x):
+            return self.name
+
+    monkeypatch.setattr(tuning, "choose", lambda key, names, time_one, prior=None: 1 if len(names) > 1 else 0)
+    for static, kept in ((True, 0), (False, 2)):
+        fns = [Candidate("a"), Candidate("b"), Candidate("c")]
+        refs = [weakref.ref(f) for f in fns]
+        choice = tuning.Choice("node", ["a", "b", "c"], fns, static)
+        del fns
+        assert choice(np.zeros(1)) == "b"
+        gc.collect()
+        assert sum(r() is not None for r in refs if r is not refs[1]) == kept
+        assert choice(np.zeros(2)) == "b"  # a later shape (which a static node never meets) runs "b" as well
+
+
 def test_tuning_off_takes_the_first(monkeypatch, cache):
     """MINFER_TUNE=0: the first candidate (the highest priority), nothing timed or stored."""
     monkeypatch.setenv("MINFER_TUNE", "0")
