@@ -34,7 +34,7 @@ from minfer_core import kernel, parallel_for, spmd
 
 from . import team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .depthwise import applies, path, units
+from .depthwise import applies, finished, path, units
 from .team import NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
 from .window import Window, window
 
@@ -275,6 +275,7 @@ def conv_channels(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_sha
 
             def whole(lo: int, hi: int) -> None:
                 drive(xs, packed, bias, y, table, parts, *tables, *native)
+                finished(epilogue, y, native)
 
             # one range, which the driver splits itself: a process team's ranks still write y only in here
             parallel_for(1, whole, parts=1, outputs_only=True)

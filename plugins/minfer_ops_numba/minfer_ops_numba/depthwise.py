@@ -71,10 +71,24 @@ def compiled_epilogue(epilogue: Any, y: np.ndarray) -> tuple[np.ndarray, int, np
     residual flat (or `team.NOTHING`); or None when it cannot (`team.native` knows no compiled form, a residual
     not float32, C-contiguous and shaped like y, or y itself not C-contiguous)."""
     fused = team.PLAIN if epilogue is None else team.native(epilogue)
-    if fused is None or not y.flags.c_contiguous or not team.fits(fused[3], y.shape):
+    if not y.flags.c_contiguous:
         return None
+    if fused is None or not team.fits(fused[3], y.shape):
+        return AFTER
     op, a, b, z = fused
     return (NOTHING if z is None else readonly(z.reshape(-1))), op, a, b
+
+
+# `compiled_epilogue`'s answer for an epilogue without a compiled form (a quantized conv's requantization): the
+# driver leaves the sums, and the whole output goes to the epilogue in one call after it (`finished`), rather than
+# unit by unit over parallel_for, which runs serially in a run whose threads a team claimed
+AFTER = (NOTHING, team.NONE, np.float32(0), np.float32(0))
+
+
+def finished(epilogue: Any, y: np.ndarray, native: tuple[Any, ...]) -> None:
+    """After a driver: the epilogue the driver could not apply (`AFTER`), on the whole output at once."""
+    if native is AFTER and epilogue is not None:
+        epilogue(y, (slice(None),) * y.ndim)
 
 
 def path(epilogue: Any, y: np.ndarray) -> tuple[int, tuple[np.ndarray, int, np.float32, np.float32] | None]:
@@ -196,6 +210,7 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], int], auto_pad: str, di
 
             def whole(lo: int, hi: int) -> None:
                 drive(kind, xs, weights, bias, y, table, parts, *geo, *native)
+                finished(epilogue, y, native)
 
             # one range, which the driver splits itself: a process team's ranks still write y only in here
             parallel_for(1, whole, parts=1, outputs_only=True)
