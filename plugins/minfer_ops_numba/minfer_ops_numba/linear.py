@@ -95,8 +95,11 @@ def _product(w: np.ndarray, transposed: bool, c: np.ndarray) -> Any:
     ldw = -k if transposed else n
     plans: dict[int, np.ndarray] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
-    _blocks(address, readonly(np.zeros((1, k), np.float32)), w, ldw, np.zeros((1, n), np.float32), c, NOTHING,
-            plan(1, n, k)[:1], 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
+    warm = (address, readonly(np.zeros((1, k), np.float32)), w, ldw, np.zeros((1, n), np.float32), c, NOTHING,
+            plan(1, n, k)[:1])
+    _blocks(*warm, 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
+    if team.available():
+        _on_team(*warm, 1, NONE, np.float32(0), np.float32(0))
 
     def run(a, b=None, c_in=None, *, out=None, epilogue=None):
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
