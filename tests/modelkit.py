@@ -91,6 +91,44 @@ def onnx_conv(x: np.ndarray, w: np.ndarray, b: np.ndarray | None, attrs: dict) -
     return ReferenceEvaluator(model).run(None, dict(zip(names, [x, w] + ([] if b is None else [b]))))[0]
 
 
+def fused_epilogue(name: str, params: tuple, z: np.ndarray | None, act: Any) -> Any:
+    """An epilogue as minfer-passes' FusedConv makes it: numpy's add of the residual ``z``, then ``act`` (the prepared
+    in-place activation kernel of ``name``, or None) on each tile, with its ``spec`` (docs/kernel-contract.md)."""
+
+    def finish(y: np.ndarray, region: tuple) -> None:
+        part = y[region]
+        if z is not None:
+            np.add(part, z[region], out=part)
+        if act is not None:
+            act(part, out=part)
+
+    finish.spec = (name, tuple(params), z)  # type: ignore[attr-defined]
+    return finish
+
+
+def assert_epilogue_once(run: Any, x: np.ndarray, want: np.ndarray, threads: int) -> None:
+    """``run(x, None, None, out=y, epilogue=...)`` on ``threads`` threads hands every output element to the epilogue
+    exactly once, after its sum is complete (the epilogue negates what it gets: twice, or too early, is wrong)."""
+    import threading
+
+    from minfer_core.parallel import using_threads
+
+    y = np.full(want.shape, np.nan, np.float32)
+    seen = np.zeros(want.shape, int)
+    lock = threading.Lock()
+
+    def epilogue(out: np.ndarray, region: tuple) -> None:
+        assert out is y
+        with lock:
+            seen[region] += 1
+        np.negative(out[region], out=out[region])
+
+    with using_threads(threads):
+        run(x, None, None, out=y, epilogue=epilogue)
+    assert (seen == 1).all()
+    np.testing.assert_allclose(-y, want, rtol=1e-5, atol=1e-5)
+
+
 def spy_parallel_for(monkeypatch: Any, module: Any) -> list[int]:
     """Record the range count of every `parallel_for` call ``module`` makes (the calls still run)."""
     calls: list[int] = []

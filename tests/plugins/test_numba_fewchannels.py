@@ -3,7 +3,6 @@ and onnxruntime, where it applies, and that the core times it against the other 
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -11,9 +10,8 @@ import pytest
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
 from minfer_core import Engine, get_registry  # noqa: E402
-from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import fewchannels  # noqa: E402
-from modelkit import conv_context as context, make_model, onnx_conv as reference, ort_run, tensor  # noqa: E402
+from modelkit import assert_epilogue_once, conv_context as context, make_model, onnx_conv as reference, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
@@ -69,20 +67,7 @@ def test_epilogue_runs_once_per_element_on_one_or_two_threads(monkeypatch, xs, t
     attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1])
     run = fewchannels.conv.prepared(context(x, w, b), attrs)
     want = reference(x, w, b, attrs)
-    y = np.full(want.shape, np.nan, np.float32)
-    seen = np.zeros(want.shape, int)
-    lock = threading.Lock()
-
-    def epilogue(out, region):
-        assert out is y
-        with lock:
-            seen[region] += 1
-        np.negative(out[region], out=out[region])  # visible, and wrong if applied twice
-
-    with using_threads(threads):
-        run(x, None, None, out=y, epilogue=epilogue)
-    assert (seen == 1).all()
-    np.testing.assert_allclose(-y, want, rtol=1e-5, atol=1e-5)
+    assert_epilogue_once(run, x, want, threads)
 
 
 def test_bands_cover_each_image_with_im2cols_of_at_most_unit_bytes_and_one_per_thread_at_least():

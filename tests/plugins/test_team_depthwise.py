@@ -16,6 +16,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 from minfer_core import Engine, KernelContext, TensorType  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import activation, channels, depthwise, team  # noqa: E402
+from modelkit import fused_epilogue as modelkit_epilogue  # noqa: E402
 from modelkit import make_model, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
@@ -79,16 +80,7 @@ def fused_epilogue(activation_name, params, z, shape):
         attrs = {"min": params[0], "max": params[1]} if activation_name == "Clip" else {}
         ctx = KernelContext("act", activation_name, 22, (TensorType(np.dtype(np.float32), shape),), (None,), (None,), 1)
         act = kern.prepared(ctx, attrs)
-
-    def finish(y, region):
-        part = y[region]
-        if z is not None:
-            np.add(part, z[region], out=part)
-        if act is not None:
-            act(part, out=part)
-
-    finish.spec = (activation_name, tuple(params), z)
-    return finish
+    return modelkit_epilogue(activation_name, params, z, act)
 
 
 def spy_drive(monkeypatch, module):

@@ -17,6 +17,7 @@ from minfer_core import KernelContext, TensorType  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import (activation, affine, elementwise, fewchannels, gelu, lookup, pool, resize,  # noqa: E402
                               rows, team)
+from modelkit import fused_epilogue as modelkit_epilogue  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
@@ -64,6 +65,14 @@ def both_paths(monkeypatch, call):
     return want, got
 
 
+def run_on(run, x, in_place, *rest):
+    """``run(x, *rest)``, or in place on a copy of x (``out=`` the input, as the engine calls it then)."""
+    if not in_place:
+        return run(x, *rest)
+    y = x.copy()
+    return run(y, *rest, out=y)
+
+
 def same_bits(got, want):
     """Every output bit equal (NaN payloads and signed zeros included)."""
     for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
@@ -91,16 +100,7 @@ def fused_epilogue(name, params, z, shape):
     if name:
         attrs = {"min": params[0], "max": params[1]} if name == "Clip" else {}
         act = ACTIVATIONS[name].prepared(context(name, [np.zeros(shape, np.float32)]), attrs)
-
-    def finish(y, region):
-        part = y[region]
-        if z is not None:
-            np.add(part, z[region], out=part)
-        if act is not None:
-            act(part, out=part)
-
-    finish.spec = (name, tuple(params), z)
-    return finish
+    return modelkit_epilogue(name, params, z, act)
 
 
 STEMS = [  # (N, C, H, W), output channels, stride: MobileNetV2's, MobileNetV3's, the OCR detector's stems, smaller
@@ -191,13 +191,7 @@ def test_activations_team_path_gives_the_parallel_for_bits(monkeypatch, op, in_p
     run = kern.prepared(context(op, [x]), attrs)
     calls = spy(monkeypatch, activation, "_drive")
 
-    def call():
-        if not in_place:
-            return run(x)
-        y = x.copy()
-        return run(y, out=y)
-
-    want, got = both_paths(monkeypatch, call)
+    want, got = both_paths(monkeypatch, lambda: run_on(run, x, in_place))
     assert len(calls) == 1
     same_bits(got, want)
 
@@ -301,13 +295,7 @@ def test_channel_affine_team_path_gives_the_parallel_for_bits(monkeypatch, act, 
     run = affine.channel_affine.prepared(ctx, {"activation": act, "activation_params": params})
     calls = spy(monkeypatch, affine, "_drive")
 
-    def call():
-        if not in_place:
-            return run(x, sv, bv)
-        y = x.copy()
-        return run(y, sv, bv, out=y)
-
-    want, got = both_paths(monkeypatch, call)
+    want, got = both_paths(monkeypatch, lambda: run_on(run, x, in_place, sv, bv))
     assert len(calls) == 1
     same_bits(got, want)
 
@@ -320,13 +308,7 @@ def test_gelu_team_path_gives_the_parallel_for_bits(monkeypatch, in_place):
     run = gelu.gelu.prepared(context("Gelu", [x], opset=1), {})
     calls = spy(monkeypatch, gelu, "_drive")
 
-    def call():
-        if not in_place:
-            return run(x)
-        y = x.copy()
-        return run(y, out=y)
-
-    want, got = both_paths(monkeypatch, call)
+    want, got = both_paths(monkeypatch, lambda: run_on(run, x, in_place))
     assert len(calls) == 1
     same_bits(got, want)
 

@@ -92,7 +92,8 @@ def size() -> int:
 
 
 def _cpu_query() -> Any:
-    """libc's sched_getcpu (the CPU the calling thread is on), or None where there is none."""
+    """libc's sched_getcpu (the CPU the calling thread is on), or None where there is none. (minfer-parallel's
+    pool.py has the same few lines: a plugin imports only what minfer_core exports.)"""
     try:
         fn = ctypes.CDLL(None).sched_getcpu
     except (OSError, AttributeError):
