@@ -87,19 +87,24 @@ def test_units_split_only_work_that_pays_for_the_hand_over():
     assert smallconv.units(1, 1, row, split, 2) == ([(0, 1, 0, 1)], 1)
 
 
-def test_applies_only_to_small_float32_non_depthwise_convs_with_constant_weights():
-    """The small conv takes 2-D float32 convs with constant weights, group 1 or grouped; it refuses depthwise
-    convs, other dtypes, weights computed at run time, unknown spatial sizes, 1-D convs and convs above
-    MAX_MACS, which the registry then gives to another kernel."""
+def test_applies_only_to_float32_non_depthwise_convs_with_constant_weights():
+    """The conv takes 2-D float32 convs with constant weights, group 1 or grouped (a large one only at group 1,
+    which runs compiled end to end); it refuses depthwise convs, other dtypes, weights computed at run time,
+    unknown spatial sizes, 1-D convs and grouped convs above MAX_MACS, which the registry then gives to another
+    kernel."""
+    from minfer_ops_numba import team
+
     x, w, b = case((1, 8, 16, 16), (16, 8, 3, 3))
     assert smallconv.applies(context(x, w, b), {})
     assert smallconv.applies(context(x, w[:, :2], b), {"group": 4})
+    large = context(*case((1, 64, 64, 64), (64, 64, 3, 3))), {"pads": [1, 1, 1, 1]}  # 151M multiply-adds
+    assert smallconv.applies(*large) == bool(team.gemm_address())
     refused = [
         (context(x, w[:8, :1], b[:8]), {"group": 8}),  # depthwise
         (context(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)), {}),
         (context(x, w, b, constant=False), {}),
         (context(x[0], w[:, :, 0], b), {}),  # 1-D
-        (context(*case((1, 64, 64, 64), (64, 64, 3, 3))), {"pads": [1, 1, 1, 1]}),  # 151M multiply-adds
+        (context(*case((1, 64, 64, 64), (64, 16, 3, 3))), {"pads": [1, 1, 1, 1], "group": 4}),  # 38M, grouped
     ]
     types = (TensorType(np.float32, (1, 8, "h", "w")), TensorType(w.dtype, w.shape))
     unknown = KernelContext("node", "Conv", 22, types, (None,), (None, w), 1)

@@ -203,11 +203,12 @@ def _conv_model(c, m, hw, k, stride, activation, residual):
 
 
 @pytest.mark.parametrize("case", [(320, 1280, 7, 1, 1, "Relu", False), (24, 144, 20, 1, 1, None, True),
-                                  (16, 32, 28, 3, 1, "Relu", False), (16, 32, 40, 3, 2, "HardSwish", True)])
+                                  (16, 32, 28, 3, 1, "Relu", False), (16, 32, 40, 3, 2, "HardSwish", True),
+                                  (64, 64, 56, 3, 1, "Relu", True)])
 def test_small_conv_on_a_team_equals_it_without_and_matches_onnxruntime(monkeypatch, team_off, case):
-    """smallconv.py's conv (pointwise, 3x3, strided; fused activation and residual) on a two-thread team gives the
-    bits of its parallel_for path and of one thread (its units come from the shape alone) and matches
-    onnxruntime; a small map splits its output channels."""
+    """smallconv.py's conv (pointwise, 3x3, strided, large: 115M multiply-adds; fused activation and residual) on a
+    two-thread team gives the bits of its parallel_for path and of one thread (its units come from the shape
+    alone) and matches onnxruntime; a small map splits its output channels."""
     _needs_team()
     monkeypatch.setenv("MINFER_TUNE", "0")  # the highest priority kernel that applies: smallconv's
     model = _conv_model(*case)

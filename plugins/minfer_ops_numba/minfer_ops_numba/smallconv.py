@@ -1,4 +1,4 @@
-"""Conv when small and not depthwise (2-D, float32, constant weights): one compiled im2col + GEMM per unit.
+"""Conv when not depthwise (2-D, float32, constant weights): one compiled im2col + GEMM per unit.
 
 numpy's Conv (minfer-ops-conv's conv.py) runs a small conv as im2col
 views, scratch copies and a BLAS call per tile: some 30 Python calls and
@@ -20,7 +20,10 @@ A group-1 conv whose epilogue has a compiled form (team.py) runs compiled end
 to end instead (`units_of`: im2col, numpy's sgemm called from compiled code,
 the epilogue), on a native team when one runs (`team_units`), else its units
 over `parallel_for`; its units come from the shape alone (`compiled_plan`),
-so every thread count makes the same BLAS calls.
+so every thread count makes the same BLAS calls. That path takes group-1
+convs of any size (a thread's share one wide GEMM, COMPILED_UNIT_BYTES):
+with the whole conv on the team, a model's runs can let kernels claim the
+threads (minfer_core.claim_threads) where numpy's convs held them back.
 """
 
 from __future__ import annotations
@@ -38,8 +41,8 @@ from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 
 from .team import NOTHING, finish, prange  # noqa: F401 (finish, prange: compiled code calls them)
 from .window import window
 
-# above this many multiply-adds per image the conv is left to numpy's kernel, whose per-call overhead no longer
-# matters. Measured one kernel against the other (one thread, loaded host): 3x3 convs of 0.2-1.2M won 1.1-5.7x
+# above this many multiply-adds per image the Python path (grouped convs, or no BLAS callable from compiled code)
+# leaves the conv to numpy's kernel, whose per-call overhead no longer matters. Measured one kernel against the other (one thread, loaded host): 3x3 convs of 0.2-1.2M won 1.1-5.7x
 # (detector, ocr_recognizer, orientation), 32->48 3x3 at 16x34 (6.2M) tied, mobilenet_v3's 224x224 stem (5.4M)
 # lost 0.6x, and 1x1 convs of 1-20M (the mobilenets) tied or lost up to 0.5x
 MAX_MACS = 4_000_000
@@ -51,9 +54,14 @@ UNIT_BYTES = 256 << 10
 # longer than with numpy's Conv alone; so a single image, at most MAX_MACS, never splits)
 MIN_SPLIT_MACS = 8_000_000
 # with a native team (team.py) a hand-over costs about a microsecond: a conv splits from this size (~5 us of work
-# a thread), and convs up to TEAM_MAX_MACS an image are offered (the core times them against numpy's kernel)
+# a thread)
 TEAM_SPLIT_MACS = 200_000
-TEAM_MAX_MACS = 64_000_000  # for pointwise convs only (`_pointwise`)
+# the compiled path's units: a unit's im2col takes at most this much, so that a thread's share of a conv is one wide
+# GEMM (in L3) rather than L2-sized bands whose narrow GEMMs OpenBLAS runs at half speed (64->64 3x3 at 56x56 on two
+# threads: 747 us in 1-row bands, 652 in one unit a thread; session 13, Zen 5: squeezenet b1 5.4 -> 3.4 ms,
+# resnet50 33.9 -> 28.9, inception_v2 21.4 -> 17.0, densenet121 36.2 -> 28.7, the OCR detector 11.2 -> 9.0;
+# 1 MB units gave 3.5, 29.8, 18.5, 30.2, 8.8)
+COMPILED_UNIT_BYTES = 4 << 20
 SMALL_MAP = 1024  # output cells: on maps up to this size a team splits a conv's output channels, not its rows
 # the threads the compiled path's units are cut for, whatever a run's count: the same units, the same BLAS calls
 PLAN_PARTS = max(1, min(8, os.cpu_count() or 1))
@@ -158,7 +166,8 @@ def macs(ctx: Any, w: np.ndarray, attrs: dict[str, Any]) -> int | None:
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     """A 2-D float32 conv that is not depthwise (one input channel per group with group == C), with constant
-    float32 weights and bias, non-negative pads and at most MAX_MACS multiply-adds per image."""
+    float32 weights and bias, non-negative pads; at most MAX_MACS multiply-adds per image unless it takes the
+    compiled path (group 1, numpy's BLAS callable from compiled code: `team.gemm_address`)."""
     w = ctx.constants[1] if len(ctx.constants) > 1 else None
     if not is_float32(ctx, 0, rank=4) or w is None or w.ndim != 4 or w.dtype != F32:
         return False
@@ -171,25 +180,19 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
         return False  # a bias computed at run time: numpy's kernel
     work = macs(ctx, w, attrs)
-    bound = TEAM_MAX_MACS if _pointwise(w, attrs) and team.gemm_address() else MAX_MACS
-    return work is not None and work <= bound
+    # a group-1 conv runs the compiled path (`units_of`), one wide GEMM a thread: offered at any size, the core
+    # times it against numpy's kernel (Winograd, tiles) per node
+    compiled = group == 1 and bool(team.gemm_address())
+    return work is not None and (compiled or work <= MAX_MACS)
 
 
-def _pointwise(w: np.ndarray, attrs: dict[str, Any]) -> bool:
-    """A 1x1 conv at stride 1 without pads, group 1: the GEMM reads its input as it lies. Only these take the team's
-    larger bound: an im2col conv of more work is cut into row bands of UNIT_BYTES, each a GEMM too narrow to pay
-    (the OCR detector's 96->24 3x3 at 80x80, 13M multiply-adds: 6.5 ms in 80 one-row bands, one thread)."""
-    flat = w.shape[2:] == (1, 1) and int(attrs.get("group", 1)) == 1
-    return flat and set(attrs.get("strides") or [1]) == {1} and not any(attrs.get("pads") or [0])
-
-
-def units(n: int, rows: int, row_bytes: int, work: int, threads: int,
-          split: int = MIN_SPLIT_MACS) -> tuple[list[tuple[int, int, int, int]], int]:
+def units(n: int, rows: int, row_bytes: int, work: int, threads: int, split: int = MIN_SPLIT_MACS,
+          unit: int = UNIT_BYTES) -> tuple[list[tuple[int, int, int, int]], int]:
     """(i0, i1, r0, r1) units (images i0..i1, output rows r0..r1) and how many parts to run them in: runs of
     whole images whose im2col (``row_bytes`` an output row) stays under UNIT_BYTES, one per thread at least
     when the work (from ``split`` multiply-adds) pays for the hand-over; else bands of each image's rows."""
     parts = threads if threads > 1 and n * work >= split else 1
-    fit = max(1, UNIT_BYTES // max(row_bytes, 1))  # rows
+    fit = max(1, unit // max(row_bytes, 1))  # rows
     if rows > fit or n < parts <= rows:
         per = min(fit, math.ceil(rows / math.ceil(parts / n)))
         found = [(i, i + 1, r, min(rows, r + per)) for i in range(n) for r in range(0, rows, per)]
@@ -215,14 +218,14 @@ class Node:
         self.packed = np.concatenate([w.reshape(g, m // g, -1), bias.reshape(g, m // g, 1)], axis=2, dtype=np.float32)
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
-    def plan(self, x: np.ndarray, threads: int, split: int = MIN_SPLIT_MACS) -> tuple[Any, ...]:
+    def plan(self, x: np.ndarray, threads: int, split: int = MIN_SPLIT_MACS, unit: int = UNIT_BYTES) -> tuple[Any, ...]:
         """For input x, once per shape: whether the GEMMs are 2-D, the shapes x and y are viewed in for them,
         y's shape, the units and how many parts to run them in; each unit with its compiled call's geometry
         (None: no im2col), its scratch shape, its columns (in those views) and its region of y."""
         begin, _, (oh, ow) = window(x.shape[2:], self.kernel, self.strides, self.dilations, self.pads,
                                     self.auto_pad, clamp_same=True)
         g, mg, rows = self.packed.shape
-        found, parts = units(x.shape[0], oh, g * rows * ow * 4, oh * ow * self.packed.size, threads, split)
+        found, parts = units(x.shape[0], oh, g * rows * ow * 4, oh * ow * self.packed.size, threads, split, unit)
         geometry = self.kernel + self.strides + (int(begin[0]), int(begin[1])) + self.dilations
         # a 1x1 conv at stride 1 without pads is a GEMM on its input as it lies: no copy (the bias added after)
         direct = self.kernel == self.strides == (1, 1) and begin == (0, 0) and (oh, ow) == x.shape[2:]
@@ -245,13 +248,13 @@ class Node:
         run's threads: any thread count makes the same BLAS calls, so the same bits): the units as rows (i0, i1,
         r0, r1, m0, m1), their im2col geometry and output width, the scratch a thread needs, whether the GEMM reads
         x as it lies (the bias then added after it), and y's shape."""
-        _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS)
+        _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS, COMPILED_UNIT_BYTES)
         m, cells = shape[1], shape[2] * shape[3]
         blocks = [(0, m)]
         if parts > 1 and shape[0] < parts and cells <= SMALL_MAP:
             # a small map: split the output channels instead of the rows, so that each thread reads only its
             # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 137 us on two threads)
-            _, _, _, _, made, _ = self.plan(x, 1)
+            _, _, _, _, made, _ = self.plan(x, 1, unit=COMPILED_UNIT_BYTES)
             step = -(-m // (parts * 16)) * 16
             blocks = [(m0, min(m, m0 + step)) for m0 in range(0, m, step)]
         found = np.array([[r[0].start, r[0].stop, r[2].start, r[2].stop, m0, m1] for *_, r in made
