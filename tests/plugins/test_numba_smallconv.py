@@ -85,6 +85,8 @@ def test_units_split_only_work_that_pays_for_the_hand_over():
     assert smallconv.units(8, 16, row, 1, 2) == ([(0, 4, 0, 16), (4, 8, 0, 16)], 1)
     assert smallconv.units(1, 100, row, 1, 2) == ([(0, 1, 0, 64), (0, 1, 64, 100)], 1)
     assert smallconv.units(1, 1, row, split, 2) == ([(0, 1, 0, 1)], 1)
+    # split, an image's bands are a multiple of the threads, equal: not 18, 18, 18 and 2 rows (36 and 20 a thread)
+    assert smallconv.units(1, 56, smallconv.UNIT_BYTES // 18, split, 2) == ([(0, 1, r, r + 14) for r in range(0, 56, 14)], 2)
 
 
 def test_applies_only_to_float32_non_depthwise_convs_with_constant_weights():

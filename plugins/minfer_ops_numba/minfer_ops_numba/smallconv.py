@@ -195,6 +195,9 @@ def units(n: int, rows: int, row_bytes: int, work: int, threads: int, split: int
     fit = max(1, unit // max(row_bytes, 1))  # rows
     if rows > fit or n < parts <= rows:
         per = min(fit, math.ceil(rows / math.ceil(parts / n)))
+        if parts > 1:  # an image's bands a multiple of the threads sharing it: equal shares (18-row bands of 56
+            share = math.ceil(parts / n)  # rows went 36 and 20 rows to the two threads)
+            per = math.ceil(rows / (math.ceil(math.ceil(rows / per) / share) * share))
         found = [(i, i + 1, r, min(rows, r + per)) for i in range(n) for r in range(0, rows, per)]
     else:
         per = max(1, min(math.ceil(n / parts), fit // rows))
