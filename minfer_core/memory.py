@@ -15,6 +15,7 @@ last-use steps, and alias edges.
 
 from __future__ import annotations
 
+import itertools
 from typing import Callable, Iterable, Mapping, Sequence
 
 import attrs
@@ -52,11 +53,7 @@ def live_set_bytes(blocks: Iterable[Block], steps: int) -> int:
     for b in blocks:
         delta[b.start] += b.size
         delta[b.end + 1] -= b.size
-    best = cur = 0
-    for d in delta:
-        cur += d
-        best = max(best, cur)
-    return best
+    return max(0, *itertools.accumulate(delta))  # the live size after each step's changes
 
 
 # Orders in which `place` tries the blocks: largest first is TFLite's "greedy by size";

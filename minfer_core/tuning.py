@@ -34,6 +34,10 @@ STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
 # each candidate runs up to ROUNDS times, round by round, and keeps its best time; one that took over CLEAR_LOSS
 # times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node)
 ROUNDS, CLEAR_LOSS = 2, 2.0
+# a choice is stored for later processes only when the timing thread ran at least this share of every timing: under
+# another process's load a candidate lost by waiting for a CPU (the test suite stored numpy's conv for a depthwise
+# layer that way: MobileNetV2 8.3 ms a run instead of 3.5, in every later process)
+CALM = 0.8
 
 
 def enabled() -> bool:
@@ -97,13 +101,13 @@ def store() -> ChoiceStore:
 
 
 def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], prior: str | None = None) -> int:
-    """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored.
+    """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored
+    (for later processes too unless another process's load disturbed the timing: `CALM`).
 
-    ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
-    its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key
-    first met in a later run of a shape, as when the thread count changes) it is 0.
-    ``prior``: the name an earlier input shape of the same node chose; when it
-    wins the first round again, that round decides (a new shape times less).
+    ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns its seconds. Without timing (one
+    candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape, as when the thread count changes)
+    it is 0. ``prior``: the name an earlier input shape of the same node chose; when it wins the first round
+    again, that round decides (a new shape times less).
     """
     if len(names) < 2 or not enabled():
         return 0
@@ -113,14 +117,16 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
         return list(names).index(chosen)
     if STEADY.get():
         return 0
-    best = [float("inf")] * len(names)
+    best, calm = [float("inf")] * len(names), True
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
         if r and names[best.index(min(best))] == prior:
             break
         for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best)][:: 1 - 2 * (r % 2)]:
-            best[i] = min(best[i], time_one(i))
+            cpu = time.thread_time()
+            best[i] = min(best[i], took := time_one(i))
+            calm = calm and time.thread_time() - cpu >= CALM * took  # else this thread waited for a CPU
     win = best.index(min(best))
-    store().put(full, names[win])
+    store().put(full, names[win]) if calm else store().data.setdefault(full, names[win])  # disturbed: this process'
     return win
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
+import types
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from modelkit import make_model, tensor
 def cache(monkeypatch, tmp_path):
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
     monkeypatch.delenv("MINFER_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "CALM", 0.0)  # faked times spend no CPU: timings count as undisturbed
     return tmp_path
 
 
@@ -44,6 +47,22 @@ def test_the_fastest_is_chosen_and_stored_for_a_later_process(cache):
               "print(tuning.choose('op|shape', ['a', 'b', 'c'], lambda i: 1 / 0))")  # timing would raise
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_a_timing_another_process_disturbed_holds_in_this_process_only(cache, monkeypatch):
+    """A choice whose timing thread ran less than CALM of some timing (it waited for a CPU another process held)
+    is not stored for later processes, and holds in this one; undisturbed timings are stored."""
+    monkeypatch.setattr(tuning, "CALM", 0.8)
+    clock = iter(range(10_000))  # the timing thread's CPU seconds: one between the two reads around a timing
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(thread_time=lambda: next(clock),
+                                                              perf_counter=time.perf_counter))
+    time_one, _ = fake_times([3.0, 1.0])  # 3 s of wall time, 1 of CPU: disturbed
+    assert tuning.choose("op|busy", ["a", "b"], time_one) == 1
+    assert not list(cache.glob("tuning-*.jsonl"))
+    assert tuning.choose("op|busy", ["a", "b"], lambda i: 1 / 0) == 1  # kept here: not timed again
+    time_one, _ = fake_times([1.0, 0.5])  # every timing ran on its CPU
+    assert tuning.choose("op|calm", ["a", "b"], time_one) == 1
+    assert tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl"))) == {"op|calm|a,b": "b"}
 
 
 def test_rounds_alternate_the_order_of_the_candidates(cache):
