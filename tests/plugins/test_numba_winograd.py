@@ -27,6 +27,7 @@ CASES = [  # (N, C, H, W), M, attributes, bias: pads of every kind, odd sizes (a
     ((1, 48, 13, 13), 40, dict(auto_pad="SAME_UPPER"), True),
     ((3, 40, 6, 5), 24, dict(pads=[2, 2, 2, 2]), True),
     ((1, 256, 14, 14), 256, dict(pads=[1, 1, 1, 1]), True),
+    ((8, 32, 7, 7), 24, dict(pads=[1, 1, 1, 1]), True),  # small images: several a unit
 ]
 
 
@@ -62,7 +63,7 @@ def _relu(shape):
     return activation.relu.prepared(ctx, {})
 
 
-@pytest.mark.parametrize("xs, m, attrs, bias", CASES[:2] + CASES[-1:])
+@pytest.mark.parametrize("xs, m, attrs, bias", CASES[:2] + CASES[-2:])
 @pytest.mark.parametrize("residual", [False, True])
 def test_team_path_gives_the_parallel_for_bits_with_the_epilogue(monkeypatch, xs, m, attrs, bias, residual):
     """Over a native team the conv gives the bits of its parallel_for path (its units come from the shape alone),
@@ -94,6 +95,16 @@ def test_an_epilogue_without_compiled_form_sees_each_output_once_after_its_sum(t
     x, w, b = case((1, 32, 10, 12), 16)
     run = prepared(x, w, b, {"pads": [1, 1, 1, 1]})
     assert_epilogue_once(run, x, onnx_conv(x, w, b, {"pads": [1, 1, 1, 1]}), threads)
+
+
+def test_units_hold_enough_tiles_and_small_images_go_together():
+    """A unit holds at least MIN_TILES tiles where the image has them (a band of tile rows), small images go
+    several to a unit, and there are PLAN_PARTS units at least when the input has the tile rows for them."""
+    found, _ = winograd.plan(1, 64, 64, 56, 56)
+    assert len(found) >= winograd.PLAN_PARTS and all((r1 - r0) * 28 >= winograd.MIN_TILES for _, _, r0, r1 in found[:-1])
+    found, _ = winograd.plan(8, 512, 512, 7, 7)  # 16 tiles an image
+    assert len(found) > 1 and all(i1 - i0 > 1 and (r0, r1) == (0, 4) for i0, i1, r0, r1 in found)
+    assert sorted(i for i0, i1, _, _ in found for i in range(i0, i1)) == list(range(8))
 
 
 def test_applies_only_to_3x3_stride_1_group_1_convs_of_enough_channels():

@@ -41,6 +41,9 @@ MIN_OUT_CHANNELS = 16
 # 64->64 at 56x56 413 us at 512 KB, 521 at 1 MB, 703 at 4 MB (onnxruntime 451); 128->128 at 28x28 508, 448, 388-508;
 # the OCR detector's 96->24 at 80x80 565, 539 (im2col 1100, onnxruntime 705)
 UNIT_BYTES = 512 << 10
+# but at least this many tiles a unit: a GEMM [M, C] x [C, tiles] narrower than this ran far below BLAS's speed
+# (512->512 at 7x7, 16 tiles an image, in units of 8 tiles: no faster than im2col)
+MIN_TILES = 64
 
 
 def transform_weights(w: np.ndarray) -> np.ndarray:
@@ -51,14 +54,13 @@ def transform_weights(w: np.ndarray) -> np.ndarray:
 
 
 @jit
-def transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v):  # pragma: no cover - compiled
-    """v[k, c, t] (flat, 16 x C x T for the T = (tr1 - tr0) * tw tiles of tile rows tr0..tr1 of image i) = B^T d B
-    of each tile's 4x4 input window d (rows 2*tr - ph.., columns 2*tc - pw..; zero outside x). ``plane``: one
-    zero-bordered input plane (rows 2*tr0 - ph .. 2*tr1 + 1 - ph), ``rows4``: four rows of B^T d."""
+def transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v, count, offset):  # pragma: no cover - compiled
+    """v[k, c, offset + t] (flat, 16 x C x ``count``; t over the (tr1 - tr0) * tw tiles of tile rows tr0..tr1 of
+    image i) = B^T d B of each tile's 4x4 input window d (rows 2*tr - ph.., columns 2*tc - pw..; zero outside x).
+    ``plane``: one zero-bordered input plane (rows 2*tr0 - ph .. 2*tr1 + 1 - ph), ``rows4``: four rows of B^T d."""
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     wp = 2 * tw + 2
     hp = 2 * (tr1 - tr0) + 2
-    count = (tr1 - tr0) * tw
     lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
     xf = x.reshape(-1)
     for c in range(channels):
@@ -84,7 +86,7 @@ def transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v):  # pragma: no cov
                 rows4[uintp(2 * wp + q)] = d2 - d1
                 rows4[uintp(3 * wp + q)] = d1 - d3
             for j in range(4):  # then . B: each tile's four columns
-                base = ((4 * j) * channels + c) * count + tr * tw
+                base = ((4 * j) * channels + c) * count + offset + tr * tw
                 step = channels * count
                 for tc in range(tw):
                     s = j * wp + 2 * tc
@@ -96,11 +98,10 @@ def transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v):  # pragma: no cov
 
 
 @jit
-def transform_out(mo, y, i, tr0, tr1, tw):  # pragma: no cover - compiled
-    """y[i, m, 2*tr + a, 2*tc + b] = (A^T M A)[a, b] of each tile's 4x4 products M (mo flat, 16 x M x T), the
-    tiles' rows and columns past y's edge left out."""
+def transform_out(mo, y, i, tr0, tr1, tw, count, offset):  # pragma: no cover - compiled
+    """y[i, m, 2*tr + a, 2*tc + b] = (A^T M A)[a, b] of each tile's 4x4 products M (mo flat, 16 x M x ``count``,
+    image i's tiles from ``offset``), the tiles' rows and columns past y's edge left out."""
     m_out, oh, ow = y.shape[1], y.shape[2], y.shape[3]
-    count = (tr1 - tr0) * tw
     step = m_out * count
     full = ow // 2  # tiles whose two columns are in y: one loop without branches (vectorized over the tiles)
     yf = y.reshape(-1)
@@ -109,7 +110,7 @@ def transform_out(mo, y, i, tr0, tr1, tw):  # pragma: no cover - compiled
             oy = 2 * (tr0 + tr)
             rows = min(2, oh - oy)
             row = ((i * m_out + m) * oh + oy) * ow
-            at = m * count + tr * tw
+            at = m * count + offset + tr * tw
             for tc in range(tw):
                 p = at + tc
                 # A^T M: two rows of four, then . A (written out: a few adds each, in registers)
@@ -135,28 +136,32 @@ def transform_out(mo, y, i, tr0, tr1, tw):  # pragma: no cover - compiled
 
 @jit
 def units_of(address, x, u, bias, y, z, found, ph, pw, work, op, a, b, lo, hi):  # pragma: no cover - compiled
-    """Units lo..hi of ``found`` (rows i, tr0, tr1: a band of image i's tile rows): the input transform into
-    ``work`` (this thread's scratch: the plane, four rows, then V and the products), 16 GEMMs u[k] @ V[k], the
-    output transform into y, then the epilogue on the band's rows of y (bias, residual z, activation ``op``)."""
+    """Units lo..hi of ``found`` (rows i0, i1, tr0, tr1: tile rows tr0..tr1 of images i0..i1): the input transform
+    into ``work`` (this thread's scratch: the plane, four rows, then V and the products), 16 GEMMs u[k] @ V[k] over
+    the unit's tiles, the output transform into y, then the epilogue on the unit's rows of y (bias, residual z,
+    activation ``op``)."""
     channels, m_out, oh, ow = x.shape[1], y.shape[1], y.shape[2], y.shape[3]
     tw = (ow + 1) // 2
     wp = 2 * tw + 2
     yf, u0 = y.reshape(-1), np.int64(u.ctypes.data)
     for n in range(lo, hi):
-        i, tr0, tr1 = found[n, 0], found[n, 1], found[n, 2]
-        count = (tr1 - tr0) * tw
+        i0, i1, tr0, tr1 = found[n, 0], found[n, 1], found[n, 2], found[n, 3]
+        per = (tr1 - tr0) * tw  # an image's tiles in the unit
+        count = (i1 - i0) * per
         plane = work[: (2 * (tr1 - tr0) + 2) * wp]
         rows4 = work[plane.size: plane.size + 4 * wp]
         v = work[plane.size + rows4.size: plane.size + rows4.size + 16 * channels * count]
         mo = work[plane.size + rows4.size + v.size: plane.size + rows4.size + v.size + 16 * m_out * count]
-        transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v)
+        for i in range(i0, i1):
+            transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v, count, (i - i0) * per)
         v0, m0 = np.int64(v.ctypes.data), np.int64(mo.ctypes.data)
         for k in range(16):
             gemm(address, m_out, count, channels, u0 + 4 * k * m_out * channels, channels, v0 + 4 * k * channels * count,
                  count, m0 + 4 * k * m_out * count, count, np.float32(0))
-        transform_out(mo, y, i, tr0, tr1, tw)
         r0, r1 = 2 * tr0, min(oh, 2 * tr1)
-        finish(yf, z, (i * m_out) * oh * ow + r0 * ow, m_out, (r1 - r0) * ow, oh * ow, bias, 0, op, a, b)
+        for i in range(i0, i1):
+            transform_out(mo, y, i, tr0, tr1, tw, count, (i - i0) * per)
+            finish(yf, z, (i * m_out) * oh * ow + r0 * ow, m_out, (r1 - r0) * ow, oh * ow, bias, 0, op, a, b)
 
 
 @jit(parallel=True)
@@ -169,16 +174,23 @@ def team_units(address, x, u, bias, y, z, found, ph, pw, work, op, a, b):  # pra
 
 
 def plan(n: int, c: int, m: int, oh: int, ow: int) -> tuple[np.ndarray, int]:
-    """The units (rows i, tr0, tr1) for an input of n images, c channels and an (oh, ow) output, from the shape
-    alone: bands of tile rows whose transformed tiles (V and the products) take at most UNIT_BYTES, at
-    least PLAN_PARTS of them in all when the image has the tile rows; and the scratch floats a thread needs."""
+    """The units (rows i0, i1, tr0, tr1) for an input of n images, c channels and an (oh, ow) output, from the
+    shape alone, and the scratch floats a thread needs. A unit holds about UNIT_BYTES of transformed tiles and
+    products, and at least MIN_TILES tiles (narrower GEMMs lose more than L2 saves): a band of one image's tile
+    rows, or whole small images together; at least PLAN_PARTS units in all when there are that many tile rows."""
     th, tw = (oh + 1) // 2, (ow + 1) // 2
-    fit = max(1, UNIT_BYTES // (16 * (c + m) * tw * 4))
-    per = max(1, min(fit, math.ceil(th / math.ceil(PLAN_PARTS / n))))
-    found = [(i, r, min(th, r + per)) for i in range(n) for r in range(0, th, per)]
+    tiles = max(MIN_TILES, UNIT_BYTES // (16 * (c + m) * 4))
+    if th * tw < tiles and n > 1:  # small images: several a unit (each image's tiles after the last one's)
+        k = max(1, min(n // min(n, PLAN_PARTS), tiles // (th * tw)))
+        found = [(i, min(n, i + k), 0, th) for i in range(0, n, k)]
+        rows = th
+    else:
+        rows = max(1, min(th, math.ceil(tiles / tw), math.ceil(th / math.ceil(PLAN_PARTS / n))))
+        found = [(i, i + 1, r, min(th, r + rows)) for i in range(n) for r in range(0, th, rows)]
     wp = 2 * tw + 2
-    size = (2 * per + 2) * wp + 4 * wp + 16 * (c + m) * per * tw
-    return np.array(found, np.int64).reshape(-1, 3), size
+    most = max((i1 - i0) * (r1 - r0) * tw for i0, i1, r0, r1 in found)
+    size = (2 * rows + 2) * wp + 4 * wp + 16 * (c + m) * most
+    return np.array(found, np.int64).reshape(-1, 4), size
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
