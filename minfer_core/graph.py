@@ -430,9 +430,7 @@ class Graph:
 def _copy_attr(value: Any) -> Any:
     if isinstance(value, Graph):
         return value.copy()
-    if isinstance(value, list):
-        return [_copy_attr(v) for v in value]
-    return value
+    return [_copy_attr(v) for v in value] if isinstance(value, list) else value
 
 
 def free_values(graph: Graph) -> set[str]:

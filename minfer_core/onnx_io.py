@@ -364,9 +364,7 @@ def _dim_from_proto(d: Any) -> Dim:
     if kind == "dim_value":
         # some exporters write -1 for a dynamic dim; onnxruntime reads any negative dim as unknown, so do we
         return int(d.dim_value) if d.dim_value >= 0 else None
-    if kind == "dim_param":
-        return str(d.dim_param)
-    return None
+    return str(d.dim_param) if kind == "dim_param" else None
 
 
 # ---- export -------------------------------------------------------------

@@ -47,12 +47,14 @@ def enabled() -> bool:
 
 @functools.lru_cache(maxsize=1)
 def fingerprint() -> str:
-    """This machine as its timings depend on it: CPU model and count, architecture, numpy and Python versions."""
+    """This machine as its timings depend on it: CPU model (with family, model, stepping and flags: a cloud VM's
+    name, "AMD EPYC", is one for several generations) and count, architecture, numpy and Python versions."""
     try:  # /proc/cpuinfo first: platform.processor() runs `uname -p` in a subprocess (ms in a first run)
-        cpu = next(ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        cpu = platform.processor()
-    raw = f"{platform.machine()}|{cpu}|{os.cpu_count()}|numpy {np.__version__}|{sys.version_info[:2]}"
+        first = dict(ln.split(":", 1) for ln in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in ln)
+    except OSError:
+        first = {}
+    cpu = "|".join(first.get(k, "").strip() for k in ("model name", "cpu family", "model", "stepping", "flags")).strip("|")
+    raw = f"{platform.machine()}|{cpu or platform.processor()}|{os.cpu_count()}|numpy {np.__version__}|{sys.version_info[:2]}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
