@@ -9,7 +9,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 
 from minfer_core import Engine, KernelContext, TensorType, get_registry, load_model  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
-from minfer_ops_numba import elementwise  # noqa: E402
+from minfer_ops_numba import _jit, elementwise  # noqa: E402
 from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
@@ -213,5 +213,5 @@ def test_generated_source_and_compiled_code_land_in_the_cache_folder(monkeypatch
              "constants": np.asarray([0.25], np.float32)}  # a program no other test compiles
     run = elementwise.fused_elementwise.prepared(context([x]), attrs)
     np.testing.assert_array_equal(run(x), np.full((3, 4), 0.25, np.float32))
-    assert list((tmp_path / "fused_elementwise").glob("minfer_fused_*.py"))
+    assert list((tmp_path / f"minfer-ops-numba-{_jit.sources_key()}" / "fused_elementwise").glob("minfer_fused_*.py"))
     assert list(tmp_path.rglob("*.nbi"))

@@ -363,14 +363,35 @@ def test_node_cases_of_covered_ops_pass_through_numba(monkeypatch):
 
 
 def test_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    """Compiled code is cached in NUMBA_CACHE_DIR when set, else $MINFER_CACHE/numba, else ~/.cache/minfer/numba."""
+    """Compiled code is cached in NUMBA_CACHE_DIR when set, else $MINFER_CACHE/numba, else ~/.cache/minfer/numba,
+    in a subfolder named for the plugin's sources."""
+    sub = f"minfer-ops-numba-{_jit.sources_key()}"
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     monkeypatch.delenv("MINFER_CACHE", raising=False)
-    assert _jit.cache_dir() == Path.home() / ".cache" / "minfer" / "numba"
+    assert _jit.cache_dir() == Path.home() / ".cache" / "minfer" / "numba" / sub
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
-    assert _jit.cache_dir() == tmp_path / "numba"
+    assert _jit.cache_dir() == tmp_path / "numba" / sub
     monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "mine"))
-    assert _jit.cache_dir() == tmp_path / "mine"
+    assert _jit.cache_dir() == tmp_path / "mine" / sub
+
+
+def test_the_cache_subfolder_changes_with_any_source_of_the_plugin(monkeypatch, tmp_path):
+    """The subfolder's key hashes every module of the plugin: a change in one a compiled caller inlines (team.py's
+    finish) makes every kernel compile afresh rather than load code built on the old one."""
+    import shutil
+
+    copy = tmp_path / "pkg"
+    shutil.copytree(Path(_jit.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(_jit, "__file__", str(copy / "_jit.py"))
+    _jit.sources_key.cache_clear()
+    try:
+        before = _jit.sources_key()
+        (copy / "team.py").write_text((copy / "team.py").read_text() + "\n# changed\n")
+        _jit.sources_key.cache_clear()
+        assert _jit.sources_key() != before
+    finally:
+        monkeypatch.undo()
+        _jit.sources_key.cache_clear()
 
 
 def test_compiled_code_lands_in_the_cache_folder_and_numba_settings_are_restored(tmp_path):

@@ -7,7 +7,12 @@ first match wins:
 - ``NUMBA_CACHE_DIR`` when the user set it (numba's own setting, for every
   numba function of the process);
 - ``$MINFER_CACHE/numba`` (``MINFER_CACHE`` as the core reads it);
-- ``~/.cache/minfer/numba``.
+- ``~/.cache/minfer/numba``;
+
+each in a subfolder ``minfer-ops-numba-<hash of the plugin's sources>``
+(`sources_key`): an upgrade or an edit of any module compiles afresh, since
+numba checks a cached function against its own file only. Folders of older
+sources stay until the user removes them.
 
 Only this plugin's functions are pointed there: numba's ``config.CACHE_DIR``
 is set while their dispatchers are made (numba picks a function's cache
@@ -27,6 +32,8 @@ match the numpy kernels' within float32 rounding.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import sys
 import threading
@@ -39,12 +46,22 @@ CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
 def cache_dir() -> Path:
-    """The folder compiled kernels are cached in (see the module docstring for the order)."""
+    """The folder compiled kernels are cached in (see the module docstring for the order), in a subfolder named
+    for this plugin's sources (`sources_key`)."""
     explicit = os.environ.get(CACHE_ENV)
-    if explicit:
-        return Path(explicit)
-    base = os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer"
-    return Path(base) / "numba"
+    base = Path(explicit) if explicit else Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer") / "numba"
+    return base / f"minfer-ops-numba-{sources_key()}"
+
+
+@functools.lru_cache(maxsize=1)
+def sources_key() -> str:
+    """A hash of this package's sources. numba checks a cached function against its own file only: a compiled
+    caller inlines what it calls from other files (team.py's `finish`, loops.py's loops), and after a change
+    there it would load code built on the old version. A folder per version of the sources loads none of it."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:12]
 
 
 class Compiled:
