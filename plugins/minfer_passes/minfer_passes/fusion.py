@@ -4,7 +4,11 @@
   with W, B (or no B) and every BN parameter constant, becomes
   ``Conv(x, W', B')``: ``s = scale / sqrt(var + eps)``, ``W' = W * s`` per output
   channel, ``B' = (B - mean) * s + bias``. Exact in real arithmetic; in floats
-  the rounding moves (hence rtol 1e-4). Computed in float64, cast back.
+  the rounding moves (hence rtol 1e-4). Computed in float64, cast back. The
+  same for ``ConvTranspose`` (its W is (C, M/group, k...): the output channel
+  is group g's column j, scaled along that axis), as a segmentation or text
+  detector's upsampling head has it (the OCR detector: a 24x160x160
+  BatchNormalization + Relu pass of 224 us after its ConvTranspose).
 - ``affine_fusion``: a per-channel constant ``Mul`` or ``Add`` after a Conv or a
   BatchNormalization folds into its weights and bias (Mul by c: ``W*c, B*c``
   or ``scale*c, bias*c``; Add of c: ``B+c`` or ``bias+c``), and a constant
@@ -41,23 +45,37 @@ def _bn_params(graph: Graph, bn: Node) -> tuple[np.ndarray, ...] | None:
 
 
 def _conv_weights(graph: Graph, conv: Node) -> tuple[np.ndarray, np.ndarray] | None:
-    """(W, B) of a Conv whose weights are constant; a zero B when it has none."""
+    """(W, B) of a Conv or ConvTranspose whose weights are constant; a zero B when it has none."""
     w = const(graph, conv.inputs[1])
-    if w is None:
+    if w is None or w.ndim < 3:
         return None
     if len(conv.inputs) > 2 and conv.inputs[2]:
         b = const(graph, conv.inputs[2])
         if b is None:
             return None
     else:
-        b = np.zeros(w.shape[0], dtype=w.dtype)
+        b = np.zeros(_out_channels(conv, w), dtype=w.dtype)
     return w, b
+
+
+def _out_channels(conv: Node, w: np.ndarray) -> int:
+    return w.shape[0] if conv.op_type == "Conv" else w.shape[1] * int(conv.attrs.get("group", 1))
+
+
+def _scaled(conv: Node, w: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """W (in float64) with output channel m scaled by s[m]: Conv's axis 0; ConvTranspose's (C, M/group, k...)
+    weight has group g's output channels along axis 1 of its g-th block of input channels."""
+    if conv.op_type == "Conv":
+        return w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))
+    group = int(conv.attrs.get("group", 1))
+    blocks = w.astype(np.float64).reshape((group, w.shape[0] // group) + w.shape[1:])
+    return (blocks * s.reshape((group, 1, w.shape[1]) + (1,) * (w.ndim - 2))).reshape(w.shape)
 
 
 def _rebuild_conv(graph: Graph, conv: Node, last: Node, w: np.ndarray, b: np.ndarray, dtype: np.dtype) -> None:
     names = [add_const(graph, f"{conv.name or 'conv'}_W", w.astype(dtype)),
              add_const(graph, f"{conv.name or 'conv'}_B", b.astype(dtype))]
-    fused = Node("Conv", [conv.inputs[0], *names], last.outputs, dict(conv.attrs), conv.name, "")
+    fused = Node(conv.op_type, [conv.inputs[0], *names], last.outputs, dict(conv.attrs), conv.name, "")
     graph.replace([conv, last], fused)
     # drop the replaced weights now, not at the dead-code pass: else every folded conv holds two copies
     for name in conv.inputs[1:]:
@@ -66,10 +84,10 @@ def _rebuild_conv(graph: Graph, conv: Node, last: Node, w: np.ndarray, b: np.nda
 
 
 def conv_bn_fusion(graph: Graph) -> bool:
-    """Fold an inference BatchNormalization into the preceding Conv's weights and bias."""
+    """Fold an inference BatchNormalization into the preceding Conv's (or ConvTranspose's) weights and bias."""
     changed = False
     for conv in list(graph.nodes):
-        if not is_op(conv, "Conv") or conv not in graph.nodes:
+        if not is_op(conv, "Conv", "ConvTranspose") or conv not in graph.nodes:
             continue
         bn = graph.sole_consumer(conv.outputs[0])
         if not is_op(bn, "BatchNormalization") or bn.inputs[0] != conv.outputs[0]:
@@ -80,7 +98,9 @@ def conv_bn_fusion(graph: Graph) -> bool:
         scale, bias, mean, var = params
         w, b = wb
         s = scale / np.sqrt(var + float(bn.attrs.get("epsilon", 1e-5)))
-        w64 = w.astype(np.float64) * s.reshape((-1,) + (1,) * (w.ndim - 1))
+        if s.size != b.size:  # a BN over another axis length than the conv's output channels: not this pattern
+            continue
+        w64 = _scaled(conv, w, s)
         b64 = (b.astype(np.float64) - mean) * s + bias
         _rebuild_conv(graph, conv, bn, w64, b64, w.dtype)
         changed = True

@@ -48,9 +48,24 @@ def _conv(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...], bias: bool
     return b.op("Conv", *inputs, **attrs)
 
 
+@st.composite
+def _conv_transpose(draw: Any, b: GraphBuilder, x: str, shape: tuple[int, ...]) -> str:
+    """A ConvTranspose with random group, kernel, strides and pads (weights (C, M/group, kh, kw))."""
+    c = shape[1]
+    group = draw(st.sampled_from([g for g in (1, 2, c) if c % g == 0]))
+    m_per = draw(st.integers(1, 2))
+    kh, kw = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    attrs: dict[str, Any] = {"kernel_shape": [kh, kw], "group": group, "strides": [draw(st.integers(1, 2))] * 2}
+    inputs = [x, b.const(draw(floats_array((c, m_per, kh, kw))))]
+    if draw(st.booleans()):
+        inputs.append(b.const(draw(floats_array((group * m_per,)))))
+    return b.op("ConvTranspose", *inputs, **attrs)
+
+
 def _out_channels(b: GraphBuilder, conv_out: str) -> int:
     node = b.graph.producer(conv_out)
-    return int(b.graph.initializers[node.inputs[1]].shape[0])
+    w = b.graph.initializers[node.inputs[1]]
+    return int(w.shape[0] if node.op_type == "Conv" else w.shape[1] * node.attrs.get("group", 1))
 
 
 @st.composite
@@ -181,7 +196,10 @@ def global_pool_flatten(draw: Any) -> Any:
 def conv_bn_fusion(draw: Any) -> Any:
     b = GraphBuilder()
     shape = draw(_nchw())
-    y = draw(_conv(b, b.input(shape), shape))
+    if has_kernels("ConvTranspose") and draw(st.booleans()):
+        y = draw(_conv_transpose(b, b.input(shape), shape))
+    else:
+        y = draw(_conv(b, b.input(shape), shape))
     channels = _out_channels(b, y)
     expose(draw, b, y)
     params = [draw(floats_array((channels,), lo, hi)) for lo, hi in ((0.5, 1.5), (-1, 1), (-1, 1), (0.2, 2))]
