@@ -11,13 +11,13 @@ from __future__ import annotations
 from minfer_core import hookimpl, kernels_in
 
 from . import (activation, affine, channels, depthwise, dequantize, dynamic_quant, elementwise, fewchannels, gelu,
-               linear, lookup, pool, qconv, qlinear_binary, qlinear_softmax, qmatmul, quant, resize, rows, smallconv,
-               upsample, winograd)
+               linear, liveconv, lookup, pool, qconv, qlinear_binary, qlinear_softmax, qmatmul, quant, resize, rows,
+               smallconv, upsample, winograd)
 
 # a new module of kernels joins this tuple (and its ops, if it declares any, a register_ops hook)
 MODULES = (depthwise, channels, smallconv, fewchannels, pool, activation, resize, quant, elementwise, gelu, affine,
            dynamic_quant, rows, lookup, dequantize, qlinear_binary, qlinear_softmax, qmatmul, qconv, linear, winograd,
-           upsample)
+           upsample, liveconv)
 KERNELS = kernels_in(*MODULES)  # found, not hand-kept
 
 
