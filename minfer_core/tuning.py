@@ -50,7 +50,8 @@ def fingerprint() -> str:
     """This machine as its timings depend on it: CPU model (with family, model, stepping and flags: a cloud VM's
     name, "AMD EPYC", is one for several generations) and count, architecture, numpy and Python versions."""
     try:  # /proc/cpuinfo first: platform.processor() runs `uname -p` in a subprocess (ms in a first run)
-        first = dict(ln.split(":", 1) for ln in open("/proc/cpuinfo").read().split("\n\n")[0].splitlines() if ":" in ln)
+        lines = open("/proc/cpuinfo").read().split("\n\n")[0].splitlines()  # the first CPU's block
+        first = {k.strip(): v for k, v in (ln.split(":", 1) for ln in lines if ":" in ln)}
     except OSError:
         first = {}
     cpu = "|".join(first.get(k, "").strip() for k in ("model name", "cpu family", "model", "stepping", "flags")).strip("|")

@@ -65,6 +65,25 @@ def test_a_timing_another_process_disturbed_holds_in_this_process_only(cache, mo
     assert tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl"))) == {"op|calm|a,b": "b"}
 
 
+def test_the_fingerprint_tells_cpu_generations_of_one_name_apart(monkeypatch):
+    """Two CPUs that /proc/cpuinfo names alike ("AMD EPYC") but with another family or other flags get different
+    fingerprints: choices timed on one are not read on the other."""
+    import builtins
+    import io
+
+    real = builtins.open
+    block = "processor\t: 0\nmodel name\t: AMD EPYC\ncpu family\t: 25\nmodel\t\t: 1\nstepping\t: 1\nflags\t\t: avx2\n\n"
+    found = []
+    for text in (block, block.replace(": 25", ": 26"), block.replace("avx2", "avx2 avx512f"), block):
+        monkeypatch.setattr(builtins, "open", lambda path, *a, text=text, **k: io.StringIO(text + "processor\t: 1\n")
+                            if path == "/proc/cpuinfo" else real(path, *a, **k))
+        tuning.fingerprint.cache_clear()
+        found.append(tuning.fingerprint())
+    monkeypatch.undo()
+    tuning.fingerprint.cache_clear()
+    assert len(set(found[:3])) == 3 and found[3] == found[0]
+
+
 def test_rounds_alternate_the_order_of_the_candidates(cache):
     """Every other round times the candidates backwards, so none always runs right after the same one
     (a kernel timed after a heavy one meets caches it evicted)."""
