@@ -247,8 +247,8 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
                 units_of(*args, scratch("winograd-unit", (size,), np.float32), op, fa, fb, lo, hi)
 
             parallel_for(len(found), span, outputs_only=True)  # a unit writes only its rows of y
-        if after and epilogue is not None:
-            epilogue(y, (slice(None),) * y.ndim)
+        if after and epilogue is not None:  # one range: under a process team one rank applies it (spmd's promise)
+            parallel_for(1, lambda lo, hi: epilogue(y, (slice(None),) * y.ndim), parts=1, outputs_only=True)
         return y
 
     return spmd(run)
