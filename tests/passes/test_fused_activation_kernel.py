@@ -13,10 +13,19 @@ from modelkit import make_model, tensor
 
 @pytest.fixture(autouse=True)
 def first_conv_method(monkeypatch):
-    """Convs take their first candidate method: two engines compared bit for bit must not time different methods."""
+    """Convs take their first candidate method: two engines compared bit for bit must not time different methods;
+    nor may the core time kernels against each other. minfer-ops-numba's convs, when installed, take their Python
+    path (an activation of no compiled form; BLAS from numpy), the one that calls the registered kernel per tile."""
     from minfer_ops_conv import conv
 
     monkeypatch.setattr(conv, "TUNE", False)
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    try:
+        from minfer_ops_numba import team
+    except ImportError:
+        return
+    monkeypatch.setattr(team, "native", lambda epilogue: None)
+    monkeypatch.setattr(team, "gemm_address", lambda: 0)
 
 
 def _conv_then(act: str, **attrs: float) -> object:
