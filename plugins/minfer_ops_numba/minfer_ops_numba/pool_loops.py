@@ -99,6 +99,29 @@ def column_max(xf, ev, od, e0, p, top, k0, k1, dh, width, pw):  # pragma: no cov
 
 
 @jit
+def pad_cells(ev, od, e0, width, pw, ev_read, od_read, value):  # pragma: no cover - compiled
+    """The pad cells of one output row's column buffers from ``e0`` (its left pads, and its cells past the input's
+    right edge that a tap reads) set to ``value``: -inf for a max, 0 for a sum."""
+    for p in range((pw + 1) // 2):
+        ev[e0 + p] = value
+    for p in range(pw // 2):
+        od[e0 + p] = value
+    for p in range((width + pw + 1) // 2, ev_read):
+        ev[e0 + p] = value
+    for p in range((width + pw) // 2, od_read):
+        od[e0 + p] = value
+
+
+@jit
+def edge_span(whole, e0, fa, fb, half, width, pw):  # pragma: no cover - compiled
+    """(left, right): an output row's cells from ``e0`` left out of the flat loop are those below ``left`` and from
+    ``right`` on: for a row of whole windows (``whole``) the cells before fa and from fb, else its pads and edges."""
+    if whole:
+        return min(half, max(0, fa - e0)), max(0, min(half, fb - e0))
+    return min(half, (pw + 1) // 2), min(half, (width + pw) // 2)
+
+
+@jit
 def max_flat(x, y, c0, c1, kh, kw, ph, pw, dh):  # pragma: no cover - compiled
     """y[c] = the max over each window of x[c], for planes c0..c1 (the module docstring); a plane in which it
     read a NaN is pooled again by loops.pool_rows, whose max lets NaN win."""
@@ -139,15 +162,7 @@ def max_flat(x, y, c0, c1, kh, kw, ph, pw, dh):  # pragma: no cover - compiled
                 u, v = (u1 if u1 > u0 else u0), (v1 if v1 > v0 else v0)
                 ev[uintp(f)], od[uintp(f)] = (u2 if u2 > u else u), (v2 if v2 > v else v)
         for oy in range(f0 if pads else f1, f1):  # the whole windows' cells that hold a pad a tap reads
-            e0 = oy * width
-            for p in range((pw + 1) // 2):
-                ev[e0 + p] = -np.inf
-            for p in range(pw // 2):
-                od[e0 + p] = -np.inf
-            for p in range((width + pw + 1) // 2, ev_read):
-                ev[e0 + p] = -np.inf
-            for p in range((width + pw) // 2, od_read):
-                od[e0 + p] = -np.inf
+            pad_cells(ev, od, oy * width, width, pw, ev_read, od_read, np.float32(-np.inf))
         # the cells left out of the flat loop, one by one: the clipped windows' pads and edges, and the cells
         # of the whole windows' rows before fa and from fb (none in rows ra..rb)
         ra, rb = min(f1, max(f0, -(-fa // width))), min(f1, (fb - half) // width + 1)
@@ -155,10 +170,7 @@ def max_flat(x, y, c0, c1, kh, kw, ph, pw, dh):  # pragma: no cover - compiled
             k0, k1, e0 = k0s[oy], k1s[oy], oy * width
             if k1 <= k0 or ra <= oy < rb:
                 continue
-            if f0 <= oy < f1:
-                left, right = min(half, max(0, fa - e0)), max(0, min(half, fb - e0))
-            else:
-                left, right = min(half, (pw + 1) // 2), min(half, (width + pw) // 2)
+            left, right = edge_span(f0 <= oy < f1, e0, fa, fb, half, width, pw)
             for n in range(left + half - max(left, right)):
                 p = n if n < left else max(left, right) + n - left
                 nan |= column_max(xf, ev, od, e0, p, c * height + oy * 2 - ph, k0, k1, dh, width, pw)
@@ -246,24 +258,13 @@ def mean_flat(x, y, scale, c0, c1, kh, kw, ph, pw, dh):  # pragma: no cover - co
                     ev[uintp(f)], od[uintp(f)] = ev[uintp(f)] + xf[uintp(2 * f + o)], \
                         od[uintp(f)] + xf[uintp(2 * f + o + 1)]
         for oy in range(f0 if pads else f1, f1):
-            e0 = oy * width
-            for p in range((pw + 1) // 2):
-                ev[e0 + p] = zero
-            for p in range(pw // 2):
-                od[e0 + p] = zero
-            for p in range((width + pw + 1) // 2, ev_read):
-                ev[e0 + p] = zero
-            for p in range((width + pw) // 2, od_read):
-                od[e0 + p] = zero
+            pad_cells(ev, od, oy * width, width, pw, ev_read, od_read, zero)
         ra, rb = min(f1, max(f0, -(-fa // width))), min(f1, (fb - half) // width + 1)
         for oy in range(oh):
             k0, k1, e0 = k0s[oy], k1s[oy], oy * width
             if k1 <= k0 or ra <= oy < rb:
                 continue
-            if f0 <= oy < f1:
-                left, right = min(half, max(0, fa - e0)), max(0, min(half, fb - e0))
-            else:
-                left, right = min(half, (pw + 1) // 2), min(half, (width + pw) // 2)
+            left, right = edge_span(f0 <= oy < f1, e0, fa, fb, half, width, pw)
             for n in range(left + half - max(left, right)):
                 p = n if n < left else max(left, right) + n - left
                 column_sum(xf, ev, od, e0, p, c * height + oy * 2 - ph, k0, k1, dh, width, pw)

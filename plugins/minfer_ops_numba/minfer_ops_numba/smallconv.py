@@ -68,6 +68,27 @@ PLAN_PARTS = max(1, min(8, os.cpu_count() or 1))
 
 
 @jit
+def bordered(xf, plane, first, top, rows, height, width, wp, pw):  # pragma: no cover - compiled
+    """plane[r * wp + q] = the input row top + r of the plane whose first row is row ``first`` of the flat input
+    ``xf`` (rows ``width`` long, ``height`` a plane), at column q - pw: zero outside the plane's rows and columns.
+    A zero-bordered copy, so that the loops reading it need no bounds."""
+    lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
+    for r in range(rows):
+        iy, at = top + r, r * wp
+        if iy < 0 or iy >= height:
+            for q in range(wp):
+                plane[uintp(at + q)] = 0.0
+            continue
+        src = (first + iy) * width - pw
+        for q in range(lo):
+            plane[uintp(at + q)] = 0.0
+        for q in range(lo, hi):
+            plane[uintp(at + q)] = xf[uintp(src + q)]
+        for q in range(hi, wp):
+            plane[uintp(at + q)] = 0.0
+
+
+@jit
 def im2col(x, cf, images, group, rows, n, geo):  # pragma: no cover - compiled
     """cols[j, g, (c % cg)*kh*kw + ky*kw + kx, (oy - r0)*ow + ox] = x[i0 + j, c, oy*sh - ph + ky*dh, ox*sw - pw + kx*dw]
     (c in group g of cg channels), zero outside x, for output rows r0..r1 of images i0..; a last row of ones in
@@ -83,24 +104,11 @@ def im2col(x, cf, images, group, rows, n, geo):  # pragma: no cover - compiled
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     ow, cg = n // (r1 - r0), channels // group
     top, hp, wp = r0 * sh - ph, (r1 - 1 - r0) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1
-    lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
     plane = np.empty(hp * wp, np.float32)
     xf = x.reshape(-1)
     for j in range(images):
         for c in range(channels):
-            for r in range(hp):
-                iy, at = top + r, r * wp
-                if iy < 0 or iy >= height:
-                    for q in range(wp):
-                        plane[uintp(at + q)] = 0.0
-                    continue
-                src = (((i0 + j) * channels + c) * height + iy) * width - pw
-                for q in range(lo):
-                    plane[uintp(at + q)] = 0.0
-                for q in range(lo, hi):
-                    plane[uintp(at + q)] = xf[uintp(src + q)]
-                for q in range(hi, wp):
-                    plane[uintp(at + q)] = 0.0
+            bordered(xf, plane, ((i0 + j) * channels + c) * height, top, hp, height, width, wp, pw)
             g = c // cg
             for ky in range(kh):
                 for kx in range(kw):

@@ -26,7 +26,7 @@ from minfer_core import kernel, parallel_for, scratch, spmd
 
 from . import team
 from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
-from .smallconv import PLAN_PARTS
+from .smallconv import PLAN_PARTS, bordered  # noqa: F401 (bordered: compiled code calls it)
 from .team import NOTHING, finish, prange  # noqa: F401 (compiled code calls them)
 from .window import window
 
@@ -61,22 +61,9 @@ def transform_in(x, i, tr0, tr1, tw, ph, pw, plane, rows4, v, count, offset):  #
     channels, height, width = x.shape[1], x.shape[2], x.shape[3]
     wp = 2 * tw + 2
     hp = 2 * (tr1 - tr0) + 2
-    lo, hi = min(wp, pw), max(min(wp, pw), min(wp, width + pw))  # the plane's columns holding input
     xf = x.reshape(-1)
     for c in range(channels):
-        for r in range(hp):
-            iy, at = 2 * tr0 - ph + r, r * wp
-            if iy < 0 or iy >= height:
-                for q in range(wp):
-                    plane[uintp(at + q)] = 0.0
-                continue
-            src = ((i * channels + c) * height + iy) * width - pw
-            for q in range(lo):
-                plane[uintp(at + q)] = 0.0
-            for q in range(lo, hi):
-                plane[uintp(at + q)] = xf[uintp(src + q)]
-            for q in range(hi, wp):
-                plane[uintp(at + q)] = 0.0
+        bordered(xf, plane, (i * channels + c) * height, 2 * tr0 - ph, hp, height, width, wp, pw)
         for tr in range(tr1 - tr0):
             a0, a1, a2, a3 = 2 * tr * wp, (2 * tr + 1) * wp, (2 * tr + 2) * wp, (2 * tr + 3) * wp
             for q in range(wp):  # B^T d: four rows, each a contiguous loop over the plane's width
