@@ -13,7 +13,7 @@ from typing import Any, Callable
 from minfer_core import Pass, hookimpl
 
 from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
-from . import layernorm, linear, reshape_dims, softmax
+from . import layernorm, linear, pad_fusion, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
 from . import integer, integer_matmul, lookup, qdq, qdq_exact, qdq_matmul, qdq_ops
 from ._util import fixpoint
@@ -33,6 +33,12 @@ PASSES = [
     _pass(folding.shape_folding, "basic", requires=TYPED, before=("constant_folding",)),
     _pass(folding.constant_folding, "basic", after=TYPED),
     _pass(elimination.identity_elimination, "basic", requires=TYPED, after=("constant_folding",), loop=True),
+    # after folding (pads a Shape/Concat chain computes are constants then), before the passes that make the Conv
+    # another node (FusedConv, Gemm) or fold into its weights
+    Pass("pad_conv_fusion", pad_fusion.pad_conv_fusion, "basic", after=("constant_folding",),
+         before=("conv_bn_fusion", "affine_fusion", "conv_residual_fusion", "activation_fusion", "channel_affine_fusion",
+                 "global_conv_to_gemm"),
+         doc=(pad_fusion.pad_conv_fusion.__doc__ or "").strip(), patterns="minfer_passes.pad_fusion:patterns"),
     _pass(fusion.conv_bn_fusion, "basic", after=("constant_folding", "identity_elimination"), rtol=1e-4, atol=1e-5),
     _pass(fusion.affine_fusion, "basic", requires=TYPED, after=("conv_bn_fusion",), loop=True, rtol=1e-4, atol=1e-5),
     _pass(fusion.matmul_add_to_gemm, "basic", requires=TYPED, after=("constant_folding",), rtol=1e-5, atol=1e-6),
