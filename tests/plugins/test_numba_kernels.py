@@ -16,7 +16,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_core.testing.conformance import load_cases, run_case  # noqa: E402
-from minfer_ops_numba import _jit, activation, depthwise, plugin, pool, resize  # noqa: E402
+from minfer_ops_numba import _jit, activation, depthwise, plugin, pool, resize, team  # noqa: E402
 from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
@@ -185,11 +185,11 @@ def test_depthwise_applies_only_to_depthwise_float32():
 
 def test_fused_depthwise_block_runs_the_numba_conv_and_matches_onnxruntime(monkeypatch):
     """A depthwise Conv + residual + Clip block, fused into FusedConv, runs the numba conv inside it (its epilogue
-    applied per unit) and gives onnxruntime's outputs."""
+    applied per unit in the same compiled call) and gives onnxruntime's outputs."""
     monkeypatch.setenv("MINFER_TUNE", "0")
     calls = []
-    loop = depthwise.phase_rows
-    monkeypatch.setattr(depthwise, "phase_rows", lambda *a: calls.append(a[4:6]) or loop(*a))  # (c0, c1) per unit
+    units = depthwise.units_of
+    monkeypatch.setattr(depthwise, "units_of", lambda *a: calls.append(a[14:16]) or units(*a))  # (z, op) per call
     rng = np.random.default_rng(8)
     c = 24
     w = numpy_helper.from_array(rng.standard_normal((c, 1, 3, 3), dtype=np.float32) * 0.3, "w")
@@ -204,7 +204,7 @@ def test_fused_depthwise_block_runs_the_numba_conv_and_matches_onnxruntime(monke
     assert [spec.kernel.op_type for spec in engine.program.specs] == ["FusedConv"]
     calls.clear()  # the call compiling it at build
     got = engine.run(None, {"x": x})[0]
-    assert calls  # the fused op's Conv is this plugin's
+    assert calls and all(z.size and op != team.NONE for z, op in calls)  # this plugin's Conv, the epilogue in it
     np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
 

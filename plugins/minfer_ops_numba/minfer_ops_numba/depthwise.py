@@ -102,25 +102,31 @@ def path(epilogue: Any, y: np.ndarray) -> tuple[int, tuple[np.ndarray, int, np.f
     return (size, native) if size > 1 else (intra_op_threads(), None)
 
 
-@jit(parallel=True)
-def drive(kind, x, w, bias, y, table, parts, sh, sw, ph, pw, dh, dw, z, op, a, b):  # pragma: no cover - compiled
-    """The units of ``table`` (rows image, c0, c1) in ``parts`` contiguous shares over a native team (team.py):
-    each unit's loop (``kind``: `PHASE`, `WIDE`, `WEIGHTED`) on x (N, C, H, W) into y (N, C, OH, OW), then its
-    epilogue by `team.finish` (z: the residual flat, or none; the activation ``op``) while it is in L2. The
-    bias stays in the loops' sums, added last as onnxruntime adds it."""
+@jit
+def units_of(kind, x, w, bias, y, table, lo, hi, sh, sw, ph, pw, dh, dw, z, op, a, b):  # pragma: no cover - compiled
+    """Units lo..hi of ``table`` (rows image, c0, c1): each unit's loop (``kind``: `PHASE`, `WIDE`, `WEIGHTED`) on
+    x (N, C, H, W) into y (N, C, OH, OW), then its epilogue by `team.finish` (z: the residual flat, or none; the
+    activation ``op``) while it is in L2. The bias stays in the loops' sums, added last as onnxruntime adds it."""
     c, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
+    for u in range(lo, hi):
+        i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+        if kind == PHASE:
+            phase_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+        elif kind == WIDE:
+            wide_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+        else:
+            weighted_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+        finish(flat, z, (i * c + c0) * cells, 1, (c1 - c0) * cells, 0, NOTHING, 0, op, a, b)
+
+
+@jit(parallel=True)
+def drive(kind, x, w, bias, y, table, parts, sh, sw, ph, pw, dh, dw, z, op, a, b):  # pragma: no cover - compiled
+    """`units_of` over a native team (team.py): the units of ``table`` in ``parts`` contiguous shares."""
     count = table.shape[0]
     for t in prange(parts):
-        for u in range(count * t // parts, count * (t + 1) // parts):
-            i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
-            if kind == PHASE:
-                phase_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
-            elif kind == WIDE:
-                wide_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
-            else:
-                weighted_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
-            finish(flat, z, (i * c + c0) * cells, 1, (c1 - c0) * cells, 0, NOTHING, 0, op, a, b)
+        units_of(kind, x, w, bias, y, table, count * t // parts, count * (t + 1) // parts, sh, sw, ph, pw, dh, dw,
+                 z, op, a, b)
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -197,19 +203,24 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], int], auto_pad: str, di
             return y
         bias = fixed_bias if fixed_bias is not None else zeros if b is None else readonly(np.ascontiguousarray(b))
         threads, native = path(epilogue, y)
+        if native is None and threads == 1:  # one thread: the units and their epilogue in one compiled call too
+            native = compiled_epilogue(epilogue, y)
         key = (n, threads, native is not None) + x.shape[1:]
         if key not in cuts:
             plane = (x.shape[2] * x.shape[3] + math.prod(out_shape)) * 4
             macs = n * c * math.prod(out_shape) * math.prod(kernel)
             found, parts = units(n, c, plane, macs, threads, native is not None)
-            cuts[key] = found, parts, readonly(np.array(found, np.int64).reshape(-1, 3))  # the driver's table
+            cuts[key] = found, parts, readonly(np.array(found, np.int64).reshape(-1, 3))  # the compiled table
         found, parts, table = cuts[key]
         xs = readonly(np.ascontiguousarray(x))  # one compiled signature, whether x is a feed or not
         geo = (st[0], st[1], begin[0], begin[1], dl[0], dl[1])
-        if native is not None and parts > 1:  # else not worth a split: one thread, as before
+        if native is not None:  # compiled end to end: over the team when worth a split, else on this thread
 
             def whole(lo: int, hi: int) -> None:
-                drive(kind, xs, weights, bias, y, table, parts, *geo, *native)
+                if parts > 1:
+                    drive(kind, xs, weights, bias, y, table, parts, *geo, *native)
+                else:
+                    units_of(kind, xs, weights, bias, y, table, 0, len(found), *geo, *native)
                 finished(epilogue, y, native)
 
             # one range, which the driver splits itself: a process team's ranks still write y only in here
@@ -236,6 +247,7 @@ def _warm(kind: int, weights: np.ndarray, strides: tuple[int, ...], dilations: t
     y, bias = np.zeros((1, 1, 2, 2), np.float32), readonly(np.zeros(1, np.float32))
     geo = (strides[0], strides[1], 0, 0, dilations[0], dilations[1])
     _loop(kind)(x[0], weights[:1], bias, y[0], 0, 1, *geo)
+    table = readonly(np.array([[0, 0, 1]], np.int64))
+    units_of(kind, x, weights[:1], bias, y, table, 0, 1, *geo, NOTHING, team.NONE, np.float32(0), np.float32(0))
     if team.available():
-        drive(kind, x, weights[:1], bias, y, readonly(np.array([[0, 0, 1]], np.int64)), 1, *geo, NOTHING, team.NONE,
-              np.float32(0), np.float32(0))
+        drive(kind, x, weights[:1], bias, y, table, 1, *geo, NOTHING, team.NONE, np.float32(0), np.float32(0))
