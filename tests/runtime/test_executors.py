@@ -201,3 +201,49 @@ def test_blas_threads_are_set_from_any_python_thread():
         assert seen == [1] and get_blas_threads() == 2
     finally:
         set_blas_threads(before)
+
+
+def test_a_short_runs_modes_end_with_the_fastest_serial_included():
+    """procs.ModeChoice times each mode in turn, one thread alone last, and keeps the one with the best run."""
+    from minfer_parallel import procs
+
+    choice = procs.ModeChoice(modes=(procs.TEAM, procs.THREADS, procs.SERIAL), serial_below=0.002)
+    times = {procs.TEAM: 0.0009, procs.THREADS: 0.0012, procs.SERIAL: 0.0007}
+    order = []
+    while choice.mode is None:
+        order.append(choice.want())
+        choice.record(order[-1], times[order[-1]])
+    assert order[:3] == [procs.TEAM, procs.THREADS, procs.SERIAL] and len(order) == 6
+    assert choice.mode == procs.SERIAL and choice.team is False
+
+
+def test_a_long_run_never_tries_one_thread():
+    """Once every other mode's best run is serial_below or longer, the serial mode is dropped untried: its trial
+    would be a slow run."""
+    from minfer_parallel import procs
+
+    choice = procs.ModeChoice(modes=(procs.THREADS, procs.SERIAL), serial_below=0.002)
+    while choice.mode is None:
+        mode = choice.want()
+        assert mode == procs.THREADS
+        choice.record(mode, 0.005)
+    assert choice.mode == procs.THREADS and choice.modes == (procs.THREADS,)
+
+
+def test_a_shape_settled_on_one_thread_runs_without_the_pool(monkeypatch):
+    """A session of two threads whose shape settled on the serial mode runs its kernels with no pool (parallel_for
+    serial, intra_op_threads 1); the other modes run with the pool; the outputs are the same."""
+    from minfer_parallel import executors, procs
+
+    session = InferenceSession(_model(), threads=2)
+    want = session.run(None, {"x": X})[0]
+    session.run(None, {"x": X})
+    (sig,) = session.executor.teams
+    pools = []
+    real = executors.using_pool
+    monkeypatch.setattr(executors, "using_pool", lambda pool: pools.append(pool) or real(pool))
+    for mode in (procs.SERIAL, procs.THREADS):
+        session.executor.teams[sig] = procs.ModeChoice(modes=(mode,))
+        session.executor.teams[sig].mode = mode
+        np.testing.assert_array_equal(session.run(None, {"x": X})[0], want)
+    assert pools[0] is None and pools[1] is session.executor.pool is not None

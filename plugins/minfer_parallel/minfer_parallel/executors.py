@@ -29,6 +29,9 @@ INTER_OP = ("auto", "always", "never")
 INTER_OP_ENV = "MINFER_INTER_OP"
 
 Signature = Any
+# runs shorter than this (seconds) also time one thread alone (procs.ModeChoice): a small model's splits may cost
+# more in hand-overs than they save, and a serial trial run costs at most this much more than a parallel one
+SERIAL_RUN = 0.002
 
 
 class ThreadsExecutor(SequentialExecutor):
@@ -83,37 +86,43 @@ class ThreadsExecutor(SequentialExecutor):
             pool = self.pool = self._acquire(pool.threads)
         # kernels split their own work over the pool's threads; numpy's BLAS runs one thread per call
         previous = set_blas_threads(1) if want else None
-        choice, claims, start = None, 0, 0.0
+        choice, mode, claims, start = None, None, 0, 0.0
         if pool is not None:
             choice = self.teams.get(sig)
-            pool.claimable = choice is None or choice.want_team()
+            mode = choice.want() if choice is not None else None
+            pool.claimable = mode in (None, procs.TEAM)
             claims, start = pool.claims, time.perf_counter()
-            pool.enter()
-            if choice is not None and pool.claimable:
-                pool.claim()  # from the start: no kernel before the first team's wakes the pool's threads
+            if mode != procs.SERIAL:
+                pool.enter()
+                if mode == procs.TEAM:
+                    pool.claim()  # from the start: no kernel before the first team's wakes the pool's threads
         try:
-            with using_pool(pool):
+            with using_pool(None if mode == procs.SERIAL else pool):
                 return super().run(vals, sig, observers, fresh)
         finally:
             if pool is not None:
-                pool.leave()
-                self._learn(sig, choice, pool, pool.claims > claims, time.perf_counter() - start, fresh)
+                if mode != procs.SERIAL:
+                    pool.leave()
+                self._learn(sig, choice, mode, pool.claims > claims, time.perf_counter() - start, fresh)
                 pool.claimable = True  # this run's say only: the pool is shared (other sessions, using_threads)
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
-    def _learn(self, sig: Signature, choice: procs.ModeChoice | None, pool: ThreadPool, claimed: bool,
+    def _learn(self, sig: Signature, choice: procs.ModeChoice | None, mode: str | None, claimed: bool,
                seconds: float, fresh: bool) -> None:
-        """Whether this shape's runs let kernels claim the threads for their own team (minfer_core.claim_threads):
-        other kernels' parallel_for then runs serially, which pays on models whose splits are nearly all
-        compiled teams (MobileNetV2, b1: 3.9 ms against 5.4) and may not where numpy's Winograd convs split
-        over the pool. Once a run claimed, the next runs alternate with and without, and the faster stays
-        (procs.ModeChoice: its best run each way)."""
+        """How this shape's runs use the threads (procs.ModeChoice). Whether they let kernels claim the threads
+        for their own team (minfer_core.claim_threads): other kernels' parallel_for then runs serially, which
+        pays on models whose splits are nearly all compiled teams (MobileNetV2, b1: 3.9 ms against 5.4) and may
+        not where numpy's Winograd convs split over the pool. And, for runs shorter than `SERIAL_RUN`, whether
+        one thread alone is faster. After a shape's first run the next runs take the modes in turn, and the
+        fastest stays (its best run each way)."""
         if choice is None:
-            if claimed and not fresh:
-                self.teams[sig] = procs.ModeChoice()
+            if fresh:
+                return
+            modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS, procs.SERIAL)
+            self.teams[sig] = procs.ModeChoice(modes=modes, serial_below=SERIAL_RUN)
         elif choice.team is None:
-            choice.record(pool.claimable, seconds)
+            choice.record(mode, seconds)
 
     def run_bound(self, sig: Signature, vals: list[Any], steps: list[Any], observers: Sequence[Any]) -> None:
         threads = intra_op_threads()

@@ -173,33 +173,59 @@ class Dispatch:
             self.flags = [c and s < self.GAIN * a for c, s, a in zip(self.candidates, shared, alone)]
 
 
-class ModeChoice:
-    """Team or threads for one input shape, from whole runs timed both ways once its steps' sharing is set.
+TEAM, THREADS, SERIAL = "team", "threads", "serial"  # `ModeChoice`'s modes
 
-    Steps the team does not share run in this process alone, while the threads mode splits some of them
-    (MatMuls, elementwise ops, softmax) over two threads: a transformer block at batch 1 shared none of its
-    steps and ran 20% slower with the team. So after `Dispatch` decided, runs alternate between the team
-    and the threads `TRIALS` times each and the faster, by its best run, stays.
+
+class ModeChoice:
+    """How one input shape's runs use the threads, from whole runs timed each way once its steps' sharing is set.
+
+    The modes: ``team`` (kernels may claim the threads for a team of their own: a compiled team, or the
+    process team's worker), ``threads`` (the pool's threads split kernels, none claims them), ``serial`` (one
+    thread, no pool). Steps the team does not share run in this process alone, while the threads mode splits
+    some of them (MatMuls, elementwise ops, softmax) over two threads: a transformer block at batch 1 shared
+    none of its steps and ran 20% slower with the team. On a short run the hand-overs, and waking threads that
+    slept since the last split, cost more than the splits save: a 0.4 ms orientation classifier ran 345 us
+    serial against 449 with two threads. So runs take the modes in turn `TRIALS` times each and the fastest,
+    by its best run, stays (the team's best divided by `GAIN`). ``serial`` is timed last, and only while the
+    other modes' best run is under ``serial_below`` seconds: a longer run would lose more on one thread than
+    the hand-overs cost, and its trial would be a slow run.
     """
 
     TRIALS = 2
-    GAIN = 1.0  # the team stays when its best run took less than this times the threads' best
+    GAIN = 1.0  # the team stays when its best run took less than this times the others' best
 
-    def __init__(self, team: bool | None = None) -> None:
-        self.team = team
-        self._times: dict[bool, list[float]] = {True: [], False: []}
+    def __init__(self, team: bool | None = None, modes: tuple[str, ...] = (TEAM, THREADS),
+                 serial_below: float = 0.0) -> None:
+        self.modes, self.serial_below = modes, serial_below
+        self.mode = None if team is None else TEAM if team else THREADS
+        self._times: dict[str, list[float]] = {m: [] for m in modes}
+
+    @property
+    def team(self) -> bool | None:
+        """Whether the team stays (None: still timing)."""
+        return None if self.mode is None else self.mode == TEAM
+
+    def want(self) -> str:
+        """The mode of the next run: the decided one, else the one timed least (in `modes` order)."""
+        if self.mode is not None:
+            return self.mode
+        return min(self.modes, key=lambda m: len(self._times[m]))
 
     def want_team(self) -> bool:
-        if self.team is not None:
-            return self.team
-        return len(self._times[True]) <= len(self._times[False])
+        return self.want() == TEAM
 
-    def record(self, team: bool, seconds: float) -> None:
-        if self.team is not None:
+    def record(self, mode: str | bool, seconds: float) -> None:
+        """A run's wall time in ``mode`` (True: the team, False: threads)."""
+        if self.mode is not None:
             return
-        self._times[team].append(seconds)
+        self._times[TEAM if mode is True else THREADS if mode is False else mode].append(seconds)
+        others = [t for m, t in self._times.items() if m != SERIAL]
+        if SERIAL in self.modes and not self._times[SERIAL] and all(others) \
+                and min(map(min, others)) >= self.serial_below:
+            self.modes = tuple(m for m in self.modes if m != SERIAL)
+            del self._times[SERIAL]
         if all(len(t) >= self.TRIALS for t in self._times.values()):
-            self.team = min(self._times[True]) < self.GAIN * min(self._times[False])
+            self.mode = min(self.modes, key=lambda m: min(self._times[m]) / (self.GAIN if m == TEAM else 1.0))
 
 
 # ---- step registry ----------------------------------------------------------------------
