@@ -126,8 +126,8 @@ def test_depthwise_node_has_three_candidates_for_the_core_to_time():
     ctx, attrs = context("Conv", [x, w], [None, w]), {"group": 8, "kernel_shape": [3, 3]}
     found = get_registry().kernel_candidates("", "Conv", 22, "numpy", ctx, attrs)
     assert [k.fn for k in found[:2]] == [depthwise.conv.fn, depthwise.conv_rows.fn]
-    # and channels.py's below them: tests/plugins/test_depthwise_channels.py
-    assert found[-1].plugin != NUMBA and len(found) == 4
+    # and channels.py's and depthwise_blocked.py's below them: tests/plugins/test_depthwise_channels.py
+    assert found[-1].plugin != NUMBA and len(found) == 5
     # the core stores the winner by module and qualified name: the two must not share one
     assert depthwise.conv.fn.__qualname__ != depthwise.conv_rows.fn.__qualname__
 
@@ -167,6 +167,37 @@ def test_depthwise_epilogue_finishes_each_region_once(threads):
         fast(x, w, b, out=y, epilogue=epilogue)
     assert (seen == 1).all()
     np.testing.assert_allclose(-y, want, rtol=1e-5, atol=1e-4)
+
+
+def test_depthwise_serial_calls_after_the_first_skip_the_planning_with_the_same_bits(monkeypatch):
+    """On one thread, a node's later calls with the same input shape and epilogue (a fused activation, no residual)
+    go straight to the compiled units: no planning (`path` not asked), and the bits of a first call's; a residual
+    epilogue (new each call) is planned every call."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 24, 9, 11), dtype=np.float32)
+    w = rng.standard_normal((24, 1, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(24, dtype=np.float32)
+    attrs = dict(group=24, kernel_shape=[3, 3], strides=[2, 1], pads=[1, 0, 1, 2])
+    z = rng.standard_normal((1, 24, 5, 11), dtype=np.float32)
+
+    def relu(y, region):
+        np.maximum(y[region], 0, out=y[region])
+
+    def residual(y, region):
+        np.add(y[region], z[region], out=y[region])
+
+    relu.spec, residual.spec = ("Relu", (), None), ("", (), z)
+    planned = []
+    real_path = depthwise.path
+    monkeypatch.setattr(depthwise, "path", lambda *a: planned.append(a) or real_path(*a))
+    for epilogue in (relu, residual):
+        run, first = (depthwise.conv.prepared(context("Conv", [x, w, b], [None, w, b]), attrs) for _ in range(2))
+        want = first(x, w, b, out=np.empty_like(z), epilogue=epilogue)
+        planned.clear()
+        for _ in range(3):
+            got = run(x, w, b, out=np.empty_like(z), epilogue=epilogue)
+            np.testing.assert_array_equal(got, want)
+        assert len(planned) == (1 if epilogue is relu else 3)
 
 
 def test_depthwise_applies_only_to_depthwise_float32():

@@ -291,6 +291,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     _warm(node)
 
     bias = readonly(np.ascontiguousarray(packed[0, :, -1]))
+    compiled_plans: dict[tuple[int, ...], tuple[Any, ...]] = {}  # `compiled`'s, by input shape
     address = team.gemm_address() if node.group == 1 else 0  # group 1: the compiled path (`compiled`)
     if address:
         globals()["gemm"] = team.install()  # before units_of compiles: it looks the name up here
@@ -300,10 +301,8 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         """The conv by `units_of` into ``out`` (or a new array): on a native team when one runs, else its units
         over `parallel_for`; None when the residual does not fit (the Python path then takes it)."""
         op, a, b, z = fused
-        key = x.shape + ("compiled",)
-        if key not in plans:
-            plans[key] = node.compiled_plan(x)
-        found, geos, size, direct, shape = plans[key]
+        found, geos, size, direct, shape = compiled_plans.get(x.shape) or compiled_plans.setdefault(
+            x.shape, node.compiled_plan(x))
         if not team.fits(z, shape):
             return None
         y = out if out is not None else np.empty(shape, np.float32)
@@ -314,6 +313,9 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         threads = team.size() if len(found) > 1 else 1
         if threads > 1:
             team_units(*args, scratch("smallconv-team", (min(threads, len(found)), size), np.float32), direct, op, a, b)
+            return y
+        if intra_op_threads() < 2:  # no pool (a serial run): no ranges to cut, nor a process team to share them
+            units_of(*args, scratch("smallconv-unit", (size,), np.float32), direct, op, a, b, 0, len(found))
             return y
 
         def span(lo: int, hi: int) -> None:

@@ -228,19 +228,19 @@ def native(epilogue: Any) -> tuple[int, np.float32, np.float32, np.ndarray | Non
     if spec is None:
         return None
     activation, params, residual = spec
-    form = _FORMS.get(activation)
-    if form is None:
+    found = _NATIVE.get((activation, params))
+    if found is None:  # once per activation and parameters: this runs on every fused node's every call
+        form = _FORMS.get(activation)
+        made = form(list(params)) if form is not None else None
+        found = _NATIVE[(activation, params)] = () if made is None else (made[0], np.float32(made[1]),
+                                                                         np.float32(made[2]))
+    if not found or (residual is not None and residual.dtype != np.float32):
         return None
-    found = form(list(params))
-    if found is None:
-        return None
-    op, a, b = found
-    if residual is not None and residual.dtype != np.float32:
-        return None
-    return op, np.float32(a), np.float32(b), residual
+    return (*found, residual)
 
 
 PLAIN = (NONE, np.float32(0), np.float32(0), None)  # `native`'s answer for no epilogue at all
+_NATIVE: dict[tuple[str, tuple[float, ...]], tuple[Any, ...]] = {}  # `native`'s (op, a, b), () for none
 
 
 def fits(z: np.ndarray | None, shape: tuple[int, ...]) -> bool:
