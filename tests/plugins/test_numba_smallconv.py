@@ -206,3 +206,39 @@ def test_onnx_conv_node_cases_with_constant_weights_pass_through_the_small_conv(
         np.testing.assert_allclose(got, expected, rtol=case.rtol, atol=case.atol, err_msg=case.name)
         ran += 1
     assert ran >= 5
+
+
+def test_serial_calls_into_the_same_output_skip_the_planning_with_the_same_bits(monkeypatch):
+    """On one thread, a node's later calls with the same input shape, epilogue (a fused activation) and output
+    buffer (the engine's planned one) go straight to the compiled units, with a first call's bits; another
+    output buffer, or a residual, is planned again."""
+    if not smallconv.team.gemm_address():
+        pytest.skip("numpy's BLAS has no cblas_sgemm64_: no compiled path")
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((1, 12, 7, 9), dtype=np.float32)
+    w = rng.standard_normal((20, 12, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(20, dtype=np.float32)
+    z = rng.standard_normal((1, 20, 7, 9), dtype=np.float32)
+    attrs = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
+
+    def relu(y, region):
+        np.maximum(y[region], 0, out=y[region])
+
+    def residual(y, region):
+        np.add(y[region], z[region], out=y[region])
+
+    relu.spec, residual.spec = ("Relu", (), None), ("", (), z)
+    planned = []
+    real = smallconv.team.fits
+    monkeypatch.setattr(smallconv.team, "fits", lambda *a: planned.append(a) or real(*a))
+    for epilogue in (relu, residual):
+        ctx = context(x, w, b)
+        run, first = smallconv.conv.prepared(ctx, attrs), smallconv.conv.prepared(ctx, attrs)
+        want = first(x, None, None, out=np.empty_like(z), epilogue=epilogue)
+        out = np.empty_like(z)
+        planned.clear()
+        for _ in range(3):
+            np.testing.assert_array_equal(run(x, None, None, out=out, epilogue=epilogue), want)
+        assert len(planned) == (1 if epilogue is relu else 3)
+        run(x, None, None, out=np.empty_like(z), epilogue=epilogue)  # another buffer: planned
+        assert len(planned) == (2 if epilogue is relu else 4)
