@@ -119,8 +119,11 @@ class ThreadsExecutor(SequentialExecutor):
         if choice is None:
             if fresh:
                 return
-            modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS, procs.SERIAL)
-            self.teams[sig] = procs.ModeChoice(modes=modes, serial_below=SERIAL_RUN)
+            # one thread alone only where the user asked for no concurrent stages: they need the pool
+            modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS,) + \
+                ((procs.SERIAL,) if self.inter_op == "never" else ())
+            if len(modes) > 1:
+                self.teams[sig] = procs.ModeChoice(modes=modes, serial_below=SERIAL_RUN)
         elif choice.team is None:
             choice.record(mode, seconds)
 
