@@ -32,8 +32,10 @@ TUNE_ENV = "MINFER_TUNE"
 # set by the executor around runs of a planned shape: timing happens in a shape's first run, never later
 STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
 # each candidate runs up to ROUNDS times, round by round, and keeps its best time; one that took over CLEAR_LOSS
-# times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node)
-ROUNDS, CLEAR_LOSS = 2, 2.0
+# times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node),
+# unless the best took under WARM seconds: there a first call's own planning (per-shape tables, ~10 us) can lose a
+# candidate that is faster on every later call (a depthwise kernel 14-18 us first, 5-6 warm, against 5-10)
+ROUNDS, CLEAR_LOSS, WARM = 2, 2.0, 50e-6
 # a choice is stored for later processes only when the timing thread ran at least this share of every timing: under
 # another process's load a candidate lost by waiting for a CPU (the test suite stored numpy's conv for a depthwise
 # layer that way: MobileNetV2 8.3 ms a run instead of 3.5, in every later process)
@@ -124,7 +126,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
         if r and names[best.index(min(best))] == prior:
             break
-        for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best)][:: 1 - 2 * (r % 2)]:
+        for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best) or min(best) < WARM][:: 1 - 2 * (r % 2)]:
             cpu = time.thread_time()
             best[i] = min(best[i], took := time_one(i))
             calm = calm and time.thread_time() - cpu >= CALM * took  # else this thread waited for a CPU

@@ -99,6 +99,20 @@ def test_a_clear_loser_of_the_first_round_is_not_timed_again(cache):
     assert ran == [0, 1, 2, 2, 0][: 3 + 2 * (tuning.ROUNDS - 1)]
 
 
+def test_on_a_node_of_microseconds_a_slow_first_call_is_timed_again(cache):
+    """Under WARM seconds a first call's own planning can make a faster kernel look a clear loser: every candidate
+    runs the later rounds there, and one slow only on its first call wins."""
+    calls = {0: iter([8e-6, 7e-6]), 1: iter([30e-6, 4e-6])}  # b: 30 us on its first call, 4 once planned
+    ran = []
+
+    def time_one(i):
+        ran.append(i)
+        return next(calls[i])
+
+    assert tuning.choose("op|warm", ["a", "b"], time_one) == 1
+    assert sorted(ran) == [0, 0, 1, 1]
+
+
 def test_other_candidates_make_another_key():
     """A stored choice applies only to the same candidates: a new plugin's kernel is timed against the others."""
     tuning.choose("op", ["a", "b"], fake_times([1.0, 2.0])[0])
