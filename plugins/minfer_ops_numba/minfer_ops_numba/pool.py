@@ -99,7 +99,11 @@ def _pool(average: bool, kernel_shape, strides, pads, auto_pad, dilations=None, 
         scale = _scale(_counts(shape[2:], w, kernel, st, dl, bool(include_pad))) if average else None
         plane_bytes = (shape[2] * shape[3] + math.prod(w.out_shape)) * 4
         found, parts = _plane_units(planes, plane_bytes, planes * shape[2] * shape[3], threads, native)
-        return w, scale, (found, parts), readonly(np.array(found, np.int64).reshape(-1, 2))
+        # all a call passes on besides the arrays, worked out here: a small pool's Python cost as much as its loop
+        geo = (kernel[0], kernel[1], st[0], st[1], w.begin[0], w.begin[1], dl[0], dl[1])
+        head = (not average, _NO_SCALE if scale is None else scale)
+        return (shape[:2] + w.out_shape, (-1,) + shape[2:], (-1,) + w.out_shape, head, geo, found, parts,
+                readonly(np.array(found, np.int64).reshape(-1, 2)))
 
     def run(x, *, out=None):
         threads = intra_op_threads()
@@ -112,22 +116,19 @@ def _pool(average: bool, kernel_shape, strides, pads, auto_pad, dilations=None, 
         key = x.shape + (threads, native)
         if key not in plans:
             plans[key] = plan(x.shape, threads, native)
-        w, scale, (found, parts), table = plans[key]
-        y = out if out is not None else np.empty(x.shape[:2] + w.out_shape, np.float32)
+        y_shape, x_planes, y_planes, head, geo, found, parts, table = plans[key]
+        y = out if out is not None else np.empty(y_shape, np.float32)
         if y.size == 0:
             return y
-        src = readonly(np.ascontiguousarray(x)).reshape((-1,) + x.shape[2:])
-        dst = y.reshape((-1,) + w.out_shape)
-        geo = (kernel[0], kernel[1], st[0], st[1], w.begin[0], w.begin[1], dl[0], dl[1])
-        scaled = _NO_SCALE if scale is None else scale
+        src = readonly(np.ascontiguousarray(x)).reshape(x_planes)
+        dst = y.reshape(y_planes)
         if native and parts > 1:
             # one range, which the driver splits itself: a process team's ranks still write y only in here
-            parallel_for(1, lambda lo, hi: drive(src, dst, not average, scaled, table, parts, *geo), parts=1,
-                         outputs_only=True)
+            parallel_for(1, lambda lo, hi: drive(src, dst, *head, table, parts, *geo), parts=1, outputs_only=True)
             return y
 
         def span(lo: int, hi: int) -> None:  # the units' planes are contiguous: one call (~2 us each from Python)
-            pool_planes(src, dst, not average, scaled, found[lo][0], found[hi - 1][1], *geo)
+            pool_planes(src, dst, *head, found[lo][0], found[hi - 1][1], *geo)
 
         parallel_for(len(found), span, parts=parts, outputs_only=True)  # a unit writes only its planes of y
         return y
