@@ -167,3 +167,20 @@ def readonly(a: np.ndarray) -> np.ndarray:
     v = a.view()
     v.flags.writeable = False
     return v
+
+
+_ROW_ITEMS = {8: np.dtype(np.int64), 16: np.dtype(np.complex128)}  # copied as they are: same bits, NaNs kept
+
+
+def contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` C-contiguous (``a`` itself when it is). A Split's narrow outputs (a detector's [1, 768, 2] and
+    [1, 768, 4] of its [1, 768, 9]) are copied a row as one 8- or 16-byte item: numpy copies such rows float by
+    float (2.7 us for 768 rows, 1.3 so)."""
+    if a.flags.c_contiguous:
+        return a
+    item = _ROW_ITEMS.get(a.shape[-1] * a.itemsize) if a.ndim else None
+    if item is None or a.strides[-1] != a.itemsize:
+        return np.ascontiguousarray(a)
+    y = np.empty(a.shape, a.dtype)
+    np.copyto(y.view(item), a.view(item))
+    return y

@@ -51,7 +51,7 @@ import numpy as np
 from minfer_core import KernelError, intra_op_threads, kernel, parallel_for
 
 from . import team
-from ._jit import F32, PRIORITY, cache_dir, readonly
+from ._jit import F32, PRIORITY, cache_dir, contiguous, readonly
 
 OP = "FusedElementwise"
 DOMAIN = "ai.minfer"
@@ -383,7 +383,7 @@ def fused_elementwise(ctx, *, ops, args, constants=None):
         y = np.empty(shape, F32) if out is None or not out.flags.c_contiguous else out
         if y.size:
             views = [x.reshape(-1) if x.flags.c_contiguous and not x.flags.writeable
-                     else readonly(np.ascontiguousarray(x)).reshape(-1) for x in inputs]
+                     else readonly(contiguous(x)).reshape(-1) for x in inputs]
             if big:
                 _runner(fn, views, y.reshape(-1), c, bases, K)
             else:

@@ -116,6 +116,8 @@ def _product(w: np.ndarray, transposed: bool, c: np.ndarray) -> Any:
         size = team.size() if len(blocks) > 1 else 1
         if size > 1:
             _on_team(address, a2, w, ldw, y2, c, zf, blocks, min(size, len(blocks)), op, p, q)
+        elif len(blocks) == 1:  # one BLAS call (a small product): parallel_for would make it here, after ~0.5 us
+            _blocks(address, a2, w, ldw, y2, c, zf, blocks, 0, 1, op, p, q)
         else:
             # the same blocks on the pool's threads (claims refused, a process team) or this one
             parallel_for(len(blocks), lambda lo, hi: _blocks(address, a2, w, ldw, y2, c, zf, blocks, lo, hi, op, p, q),

@@ -37,7 +37,7 @@ import numpy as np
 from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import team
-from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from ._jit import PRIORITY, contiguous, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .elementwise import EXP_CONSTANTS
 from .team import prange  # noqa: F401 (the drivers', compiled)
 
@@ -199,23 +199,25 @@ def _factory(log: bool, coerced: bool) -> Any:
         _rows(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), 1, 0, 1, log)  # compile at build
         if team.available():
             _drive(readonly(np.zeros(1, np.float32)), np.zeros(1, np.float32), 1, 1, log, 1)
-        cuts: dict[tuple[int, ...], int] = {}
+        cuts: dict[tuple[int, ...], tuple[int, int, bool]] = {}
 
-        def cols_of(shape: tuple[int, ...]) -> int:
-            cols = cuts.get(shape)
-            if cols is None:
-                start = axis % len(shape) if coerced and shape else len(shape) - 1
-                cols = cuts[shape] = math.prod(shape[start:]) if shape else 1
-            return cols
+        def cut(shape: tuple[int, ...]) -> tuple[int, int, bool]:
+            """(cols, rows, whether they stay on this thread whatever the threads): once per shape."""
+            start = axis % len(shape) if coerced and shape else len(shape) - 1
+            cols = math.prod(shape[start:]) if shape else 1
+            rows = math.prod(shape) // cols  # (x has elements: cols > 0)
+            return cols, rows, rows < 2 or rows * cols < min(TEAM_SPLIT_ELEMENTS, SPLIT_ELEMENTS)
 
         def run(x, *, out=None):
             fits = out is not None and out.flags.c_contiguous and not (log and np.may_share_memory(x, out))
             y = out if fits else np.empty(x.shape, np.float32)
-            n = x.size
-            if n:
-                cols = cols_of(x.shape)
-                flat = readonly(x if x.flags.c_contiguous else np.ascontiguousarray(x)).reshape(-1)
-                _spread(flat, y.reshape(-1), cols, n // cols, log)
+            if x.size:
+                cols, rows, alone = cuts.get(x.shape) or cuts.setdefault(x.shape, cut(x.shape))
+                flat, yf = readonly(contiguous(x)).reshape(-1), y.reshape(-1)
+                if alone:  # a small head's rows (most Softmax nodes): no thread or team to ask
+                    _rows(flat, yf, cols, 0, rows, log)
+                else:
+                    _spread(flat, yf, cols, rows, log)
             if out is not None and y is not out:
                 np.copyto(out, y)
                 return out
