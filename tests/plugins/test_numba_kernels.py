@@ -360,12 +360,14 @@ def test_upsampling_model_runs_the_numba_resize_and_matches_onnxruntime(monkeypa
 
 
 def test_resize_left_to_numpy():
-    """Nearest, antialiased, cropping and runtime-scaled Resizes, and ones changing N or C, stay with numpy."""
+    """Large nearest, antialiased, cropping and runtime-scaled Resizes, and ones changing N or C, stay with numpy."""
     x = np.zeros((1, 2, 4, 4), np.float32)
     sc = np.array([1, 1, 2, 2], np.float32)
     linear = {"mode": "linear"}
     assert resize.applies(context("Resize", [x, None, sc], [None, None, sc]), linear)
-    for attrs in ({}, {"mode": "nearest"}, dict(linear, antialias=1),
+    large = np.zeros((1, 256, 20, 20), np.float32)
+    assert not resize.applies(context("Resize", [large, None, sc], [None, None, sc]), {"mode": "nearest"})
+    for attrs in (dict(linear, antialias=1),
                   dict(linear, coordinate_transformation_mode="tf_crop_and_resize"), dict(linear, axes=[2, 3])):
         assert not resize.applies(context("Resize", [x, None, sc], [None, None, sc]), attrs)
     assert not resize.applies(context("Resize", [x, None, sc]), linear)

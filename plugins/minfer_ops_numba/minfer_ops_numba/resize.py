@@ -1,4 +1,4 @@
-"""Resize-11/13/18/19 of float32 NCHW by linear interpolation of H and W: one compiled pass per plane.
+"""Resize-11/13/18/19 of float32 NCHW by linear interpolation of H and W (or nearest): one compiled pass per plane.
 
 The numpy kernel resamples one axis at a time with a gather (np.take) and a
 weighted sum over the gathered copy: several passes over the output and
@@ -13,8 +13,12 @@ Where a native team runs (team.py), the planes are split over numba's threads
 by a compiled driver (`_drive`) instead of parallel_for, from TEAM_SPLIT_ELEMENTS
 outputs on: the same loop on each share, so the same bits, and a hand-over of
 about a microsecond against parallel_for's ~60 us.
-Nearest stays with the numpy kernel: its np.take per axis was as fast as a
-compiled gather (1x256x20x20 to 40x40: 233 us against 247).
+Nearest takes the same pass with one tap an axis (the same coordinates,
+rounded by the numpy kernel's rules, `ROUNDING`: the same cells copied) up to
+NEAREST_MAX outputs: there the numpy kernel's Python and its two np.repeat
+or np.take calls cost more than the copy (a detector's 1x16x8x8 to 16x16,
+in the model: 6.6 us against 3.9); larger ones stay with it, its np.take per
+axis as fast as a compiled gather (1x256x20x20 to 40x40: 233 us against 247).
 """
 
 from __future__ import annotations
@@ -35,6 +39,9 @@ SPLIT_ELEMENTS = 1 << 20  # from this many outputs (~500 us here) the planes go 
 # the same over a native team (team.py: a hand-over of a few us): measured, one thread against a team of two (loaded
 # host), x2 linear 39 -> 24 us at 51k outputs, 140 -> 74 at 201k, and no faster at 16k (14.0 -> 14.4)
 TEAM_SPLIT_ELEMENTS = 1 << 15
+NEAREST_MAX = 1 << 16  # outputs up to which a nearest Resize is this kernel's (see the module docstring)
+ROUNDING = {"round_prefer_floor": lambda x: np.ceil(x - 0.5), "round_prefer_ceil": lambda x: np.floor(x + 0.5),
+            "floor": np.floor, "ceil": np.ceil}  # nearest_mode: ONNX's rules, as the numpy kernel rounds
 
 
 @jit
@@ -86,8 +93,13 @@ def _coordinates(mode: str, out_len: int, in_len: int, scale: float) -> np.ndarr
     return (y + 0.5) / scale - 0.5  # half_pixel, pytorch_half_pixel
 
 
-def _axis(in_len: int, out_len: int, scale: float, coordinates: str) -> tuple:
-    """(i0, i1, w0, w1, linear) for one axis: source indices and float32 weights per output position."""
+def _axis(in_len: int, out_len: int, scale: float, coordinates: str, nearest: str | None = None) -> tuple:
+    """(i0, i1, w0, w1, linear) for one axis: source indices and float32 weights per output position; by
+    ``nearest`` (a nearest_mode) one tap, the coordinate rounded so and clipped to the axis."""
+    if nearest:  # one tap, as the numpy kernel takes it (an axis it skips, scale 1, comes out as the same copy)
+        x = ROUNDING[nearest](_coordinates(coordinates, out_len, in_len, scale))
+        idx = np.clip(x, 0, in_len - 1).astype(np.int64)
+        return idx, idx, np.ones(out_len, np.float32), np.zeros(out_len, np.float32), False
     if scale == 1.0 and out_len == in_len:  # an axis left as it is (the numpy kernel skips it): copied
         idx = np.arange(in_len, dtype=np.int64)
         return idx, idx, np.ones(in_len, np.float32), np.zeros(in_len, np.float32), False
@@ -110,9 +122,13 @@ def _targets(shape: tuple[int, ...], scales: np.ndarray | None, sizes: np.ndarra
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
-    """float32 NCHW by linear (no antialias, exclude_outside or axes, the coordinate modes above), with constant
-    scales or sizes that keep N and C."""
-    if not is_float32(ctx, 0, rank=4) or attrs.get("mode", "nearest") != "linear":
+    """float32 NCHW by linear, or nearest up to NEAREST_MAX outputs (no antialias, exclude_outside or axes, the
+    coordinate modes above), with constant scales or sizes that keep N and C."""
+    mode = attrs.get("mode", "nearest")
+    if not is_float32(ctx, 0, rank=4) or mode not in ("linear", "nearest"):
+        return False
+    if mode == "nearest" and (attrs.get("nearest_mode", "round_prefer_floor") not in ROUNDING
+                              or not _small(ctx.input_types[0].shape, ctx.constants)):
         return False
     if attrs.get("coordinate_transformation_mode", "half_pixel") not in COORDINATES:
         return False
@@ -127,8 +143,20 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return scales is not None and scales.size == 4 and float(scales[0]) == float(scales[1]) == 1.0
 
 
-def _resize(ctx: Any, coordinates: str) -> Any:
-    """The run callable: tables per input shape, then `_planes` over units of planes."""
+def _small(shape: Any, constants: Any) -> bool:
+    """Whether a Resize of this input shape (static) has at most NEAREST_MAX outputs."""
+    consts = tuple(constants) + (None,) * 4
+    if shape is None or not all(isinstance(d, int) for d in shape) or (consts[2] is None and consts[3] is None):
+        return False
+    try:
+        (oh, _), (ow, _) = _targets(tuple(shape), consts[2], consts[3])
+    except (IndexError, TypeError, ValueError):  # scales or sizes of another length: `applies` refuses them
+        return False
+    return shape[0] * shape[1] * oh * ow <= NEAREST_MAX
+
+
+def _resize(ctx: Any, coordinates: str, nearest: str | None = None) -> Any:
+    """The run callable: tables per input shape, then `_planes` over units of planes (``nearest``: its rounding)."""
     consts = tuple(ctx.constants) + (None,) * 4
     scales, sizes = consts[2], consts[3]
     plans: dict[tuple[int, ...], Any] = {}
@@ -142,7 +170,7 @@ def _resize(ctx: Any, coordinates: str) -> Any:
 
     def plan(shape: tuple[int, ...]) -> Any:
         (oh, sh), (ow, sw) = _targets(shape, scales, sizes)
-        tables = _axis(shape[2], oh, sh, coordinates) + _axis(shape[3], ow, sw, coordinates)
+        tables = _axis(shape[2], oh, sh, coordinates, nearest) + _axis(shape[3], ow, sw, coordinates, nearest)
         tables = tuple(readonly(t) if isinstance(t, np.ndarray) else t for t in tables)
         planes = shape[0] * shape[1]
         parts = None if planes * oh * ow >= SPLIT_ELEMENTS and intra_op_threads() > 1 else 1
@@ -172,13 +200,13 @@ def _resize(ctx: Any, coordinates: str) -> Any:
 @kernel("Resize", since=11, priority=PRIORITY, prepare=True, out=True, views=False, applies=applies)
 def resize_11(ctx, *, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75, exclude_outside=0,
               extrapolation_value=0.0, mode="nearest", nearest_mode="round_prefer_floor"):
-    """Resize-11/13: linear of H and W (see `applies`)."""
-    return _resize(ctx, coordinate_transformation_mode)
+    """Resize-11/13: linear or nearest of H and W (see `applies`)."""
+    return _resize(ctx, coordinate_transformation_mode, nearest_mode if mode == "nearest" else None)
 
 
 @kernel("Resize", since=18, priority=PRIORITY, prepare=True, out=True, views=False, applies=applies)
 def resize_18(ctx, *, antialias=0, axes=None, coordinate_transformation_mode="half_pixel", cubic_coeff_a=-0.75,
               exclude_outside=0, extrapolation_value=0.0, keep_aspect_ratio_policy="stretch", mode="nearest",
               nearest_mode="round_prefer_floor"):
-    """Resize-18/19: linear of H and W (see `applies`)."""
-    return _resize(ctx, coordinate_transformation_mode)
+    """Resize-18/19: linear or nearest of H and W (see `applies`)."""
+    return _resize(ctx, coordinate_transformation_mode, nearest_mode if mode == "nearest" else None)
