@@ -21,7 +21,8 @@ from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 NUMBA = "minfer-ops-numba"
-COVERED = ("Conv", "MaxPool", "AveragePool", "HardSigmoid", "HardSwish", "Relu", "Clip", "LeakyRelu", "Resize")
+COVERED = ("Conv", "MaxPool", "AveragePool", "HardSigmoid", "HardSwish", "Relu", "Clip", "LeakyRelu", "Resize",
+           "Sigmoid")
 
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
