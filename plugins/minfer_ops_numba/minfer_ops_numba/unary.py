@@ -25,9 +25,8 @@ import numpy as np
 
 from minfer_core import kernel
 
+from . import elementwise  # the module, not its kernel record: the plugin finds records in its modules' names
 from ._jit import PRIORITY
-from .elementwise import _applies as _fused_applies
-from .elementwise import fused_elementwise
 
 
 def _program(op_type: str) -> dict[str, Any]:
@@ -37,14 +36,14 @@ def _program(op_type: str) -> dict[str, Any]:
 
 def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     """float32 in and out: what FusedElementwise's kernel takes for the one-step program."""
-    return _fused_applies(ctx, _program(ctx.op_type))
+    return elementwise._applies(ctx, _program(ctx.op_type))
 
 
 def _one_step(op_type: str, since: int) -> Any:
     """The kernel of ``op_type`` from opset ``since``: FusedElementwise's run callable for its one-step program."""
 
     def prepare(ctx: Any) -> Any:
-        return fused_elementwise.prepared(ctx, _program(op_type))
+        return elementwise.fused_elementwise.prepared(ctx, _program(op_type))
 
     prepare.__name__ = prepare.__qualname__ = op_type.lower()
     prepare.__doc__ = f"{op_type}-{since} and later, float32: one compiled loop (the module docstring)."
