@@ -177,7 +177,8 @@ def checked(plugin: str, hook: str, items: Iterable[Any]) -> list[Any]:
                 "register_executors": Executor}.get(hook)
     if expected is None:
         return list(_flatten(items))  # observers: any object
-    return [attrs.evolve(_expect(item, expected, plugin, hook), plugin=plugin) for item in _flatten(items)]
+    return [attrs.evolve(_expect(item, expected, plugin, hook), plugin=plugin)  # a record two modules hold: once
+            for item in {id(i): i for i in _flatten(items)}.values()]
 
 
 def _label(rec: Any) -> str:

@@ -248,6 +248,20 @@ def test_register_takes_modules_and_finds_every_kernel_they_define():
     assert kernels_in(plugin_fixture) == [plugin_fixture.twice]
 
 
+def test_a_record_one_module_imports_from_another_is_registered_once():
+    """Modules handed to register together count a kernel record they share once (a module importing a sibling's
+    record by name would otherwise make the core time the kernel against itself)."""
+    import types
+
+    import plugin_fixture
+
+    sibling = types.ModuleType("sibling")
+    sibling.twice = plugin_fixture.twice  # as `from .plugin_fixture import twice` leaves it
+    reg = Registry()
+    reg.add("p", "register_kernels", [plugin_fixture, sibling])
+    assert len(reg.kernels[("test.fixture", "Twice")]) == 1
+
+
 def test_first_party_plugins_register_no_kernel_their_modules_do_not_define():
     """The ops plugins' kernels are exactly the @kernel records of their modules: no hand-kept list."""
     from minfer_core import get_registry
