@@ -40,7 +40,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 from . import channels, team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
 from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, _value  # noqa: F401 (_value: compiled)
-from .channels import LANES, drain, fill, lined
+from .channels import LANES, drain, fill, lined, runs  # noqa: F401 (runs: compiled code calls it)
 from .depthwise import AFTER, applies, compiled_epilogue, finished, path
 from .team import NONE, NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
 from .window import Window, window
@@ -194,35 +194,16 @@ def cells5(q, w, b, acc, offs, oh, ow, row, step, op, pa, pb):  # pragma: no cov
 
 @jit
 def cells_any(q, w, b, acc, offs, oh, ow, row, step):  # pragma: no cover - compiled
-    """A block's sums for any kernel, cell by cell: one run of taps a pass over the cell's LANES lanes, the total
-    in acc (the cell's lanes stay in L1 between runs), the bias last."""
+    """A block's sums for any kernel, cell by cell: channels.py's `runs` on each cell's LANES lanes (one run of taps
+    a pass, the total in acc, the bias last), with the block's weights and bias in one (taps + 1, LANES) copy."""
     taps = offs.shape[0]
+    rep = np.empty((taps + 1) * LANES, np.float32)
+    rep[: taps * LANES] = w
+    rep[taps * LANES:] = b
     for oy in range(oh):
         for ox in range(ow):
-            p, a = oy * row + ox * step, (oy * ow + ox) * LANES
-            for k in range(LANES):
-                acc[uintp(a + k)] = 0.0
-            t0 = 0
-            while t0 < taps:
-                n = 4 if taps - t0 >= 4 else 2 if taps - t0 >= 2 else 1
-                p0, v0 = p + offs[t0], t0 * LANES
-                if n == 4:
-                    p1, p2, p3 = p + offs[t0 + 1], p + offs[t0 + 2], p + offs[t0 + 3]
-                    for k in range(LANES):
-                        s = w[uintp(v0 + k)] * q[uintp(p0 + k)] + w[uintp(v0 + LANES + k)] * q[uintp(p1 + k)]
-                        s += w[uintp(v0 + 2 * LANES + k)] * q[uintp(p2 + k)]
-                        acc[uintp(a + k)] = (s + w[uintp(v0 + 3 * LANES + k)] * q[uintp(p3 + k)]) + acc[uintp(a + k)]
-                elif n == 2:
-                    p1 = p + offs[t0 + 1]
-                    for k in range(LANES):
-                        s = w[uintp(v0 + k)] * q[uintp(p0 + k)] + w[uintp(v0 + LANES + k)] * q[uintp(p1 + k)]
-                        acc[uintp(a + k)] = s + acc[uintp(a + k)]
-                else:
-                    for k in range(LANES):
-                        acc[uintp(a + k)] = w[uintp(v0 + k)] * q[uintp(p0 + k)] + acc[uintp(a + k)]
-                t0 += n
-            for k in range(LANES):
-                acc[uintp(a + k)] += b[uintp(k)]
+            a = (oy * ow + ox) * LANES
+            runs(q[oy * row + ox * step:], rep, acc[a: a + LANES], offs, 1, LANES, 0)
 
 
 @jit
