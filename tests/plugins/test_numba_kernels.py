@@ -17,7 +17,7 @@ from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa:
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_core.testing.conformance import load_cases, run_case  # noqa: E402
 from minfer_ops_numba import _jit, activation, depthwise, plugin, pool, resize, team  # noqa: E402
-from modelkit import make_model, ort_run, tensor  # noqa: E402
+from modelkit import fused_epilogue, make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 NUMBA = "minfer-ops-numba"
@@ -181,13 +181,8 @@ def test_depthwise_serial_calls_after_the_first_skip_the_planning_with_the_same_
     attrs = dict(group=24, kernel_shape=[3, 3], strides=[2, 1], pads=[1, 0, 1, 2])
     z = rng.standard_normal((1, 24, 5, 11), dtype=np.float32)
 
-    def relu(y, region):
-        np.maximum(y[region], 0, out=y[region])
-
-    def residual(y, region):
-        np.add(y[region], z[region], out=y[region])
-
-    relu.spec, residual.spec = ("Relu", (), None), ("", (), z)
+    relu = fused_epilogue("Relu", (), None, lambda v, out: np.maximum(v, 0, out=out))
+    residual = fused_epilogue("", (), z, None)
     planned = []
     real_path = depthwise.path
     monkeypatch.setattr(depthwise, "path", lambda *a: planned.append(a) or real_path(*a))

@@ -12,7 +12,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa: E402
 from minfer_core.testing.conformance import _array, load_cases  # noqa: E402
 from minfer_ops_numba import smallconv  # noqa: E402
-from modelkit import assert_epilogue_once, conv_context as context, make_model, onnx_conv as reference, ort_run, tensor  # noqa: E402
+from modelkit import assert_epilogue_once, conv_context as context, fused_epilogue, make_model, onnx_conv as reference, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
@@ -221,13 +221,8 @@ def test_serial_calls_into_the_same_output_skip_the_planning_with_the_same_bits(
     z = rng.standard_normal((1, 20, 7, 9), dtype=np.float32)
     attrs = dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1])
 
-    def relu(y, region):
-        np.maximum(y[region], 0, out=y[region])
-
-    def residual(y, region):
-        np.add(y[region], z[region], out=y[region])
-
-    relu.spec, residual.spec = ("Relu", (), None), ("", (), z)
+    relu = fused_epilogue("Relu", (), None, lambda v, out: np.maximum(v, 0, out=out))
+    residual = fused_epilogue("", (), z, None)
     planned = []
     real = smallconv.team.fits
     monkeypatch.setattr(smallconv.team, "fits", lambda *a: planned.append(a) or real(*a))
