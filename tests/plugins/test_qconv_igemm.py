@@ -120,6 +120,35 @@ def test_epilogues_bit_for_bit(epilogue):
     _check(inputs, attrs, rng)
 
 
+@pytest.mark.parametrize("epilogue", ["relu", "clip-affine-rounding", "residual-pc"])
+def test_epilogue_in_the_write_out_on_a_native_team(epilogue):
+    """igemm applies the compiled epilogue to each tile as it writes it (`igemm.Chain`, no sums written and read
+    back), on one thread and on a native team sharing the columns: the numpy kernel's bits either way."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import team
+
+    rng = np.random.default_rng(5)
+    extra = {"relu": dict(activation="Relu", activation_params=[]),
+             "clip-affine-rounding": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True,
+                                          output_rounding=[0.05, -128.0, 127.0]),
+             "residual-pc": dict(residual=True, per_channel=True)}[epilogue]
+    inputs, attrs = _node(rng, c=40, m=96, hw=(28, 30), k=(1, 1), **extra)
+    mine, numpy_run = _both(inputs, attrs)
+    assert isinstance(mine.chain, igemm.Chain)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
+    if len(args) == 12:
+        args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    want = numpy_run(*args)
+    assert np.unique(want).size > 20  # not all saturated or zero
+    np.testing.assert_array_equal(mine(*args).view(np.int32), want.view(np.int32))
+    if not team.available():
+        return  # no native team here (numba's threading layer, or MINFER_NUMBA_TEAM=0): the one thread's path only
+    with using_threads(2):
+        assert team.size() == 2
+        got = mine(*args)
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
 def test_eight_bit_input_and_two_threads():
     """An int8 input taken as it is (QOperator's convs after an int8 producer), and the output channels split over
     two intra-op threads: the numpy kernel's bits still."""

@@ -145,25 +145,23 @@ def _qconv_run(inputs, attrs):
 
 @pytest.mark.parametrize("residual", [False, True], ids=["relu", "residual-rounding"])
 def test_quantized_conv_on_a_team_is_its_parallel_for_result_bit_for_bit(monkeypatch, residual):
-    """FloatQLinearConv's product on a team (its columns: the output pixels), then its compiled epilogue shared over
-    the team by output channels, gives the bits of the output channels split over parallel_for (each block's
-    epilogue after its product) and of one thread."""
-    from minfer_ops_numba import qconv_gemm, quant
-
+    """FloatQLinearConv's product on a team (its columns: the output pixels), its compiled epilogue applied in
+    igemm's write-out of each tile, gives the bits of the output channels split over parallel_for and of one
+    thread."""
     _needs_team_and_vnni()
     inputs, attrs = _qconv_node(np.random.default_rng(3), c=32, m=48, hw=(28, 28), residual=residual)
     run = _qconv_run(inputs, attrs)
     alone = run()
-    assert 48 * 32 * 9 * 28 * 28 >= igemm.TEAM_SPLIT_MACS and 48 * 28 * 28 >= qconv_gemm.EPILOGUE_SPLIT
-    calls, epilogues = _counted(monkeypatch), _counted(monkeypatch, quant, "_rq_team")
+    assert 48 * 32 * 9 * 28 * 28 >= igemm.TEAM_SPLIT_MACS
+    calls = _counted(monkeypatch)
     with using_threads(2):
         got = run()
-    assert calls == [1] and epilogues == [1]
+    assert calls == [1]
     _team_off(monkeypatch)
     monkeypatch.setattr(igemm, "SPLIT_MACS", 0)  # the output channels split over parallel_for, as on larger convs
     with using_threads(2):
         pooled = run()
-    assert calls == [1] and epilogues == [1] and np.unique(got).size > 20
+    assert calls == [1] and np.unique(got).size > 20
     assert got.tobytes() == pooled.tobytes() == alone.tobytes()
 
 
@@ -172,7 +170,7 @@ def test_scaled_conv_integer_on_a_team_is_its_parallel_for_result_bit_for_bit(mo
     """ScaledConvInteger (DynamicQuantizeLinear inside; ChannelAffine's S and A per channel, Clip) on a team: the
     bits of its parallel_for split."""
     from minfer_core import KernelContext, TensorType
-    from minfer_ops_numba import qconv, quant
+    from minfer_ops_numba import qconv
 
     _needs_team_and_vnni()
     rng = np.random.default_rng(4)
@@ -189,10 +187,10 @@ def test_scaled_conv_integer_on_a_team_is_its_parallel_for_result_bit_for_bit(mo
     kernel_run = qconv.scaled_conv_integer.fn(ctx, **attrs)
     args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]
     alone = kernel_run(*args)
-    calls, epilogues = _counted(monkeypatch), _counted(monkeypatch, quant, "_rq_team")
+    calls = _counted(monkeypatch)
     with using_threads(2):
         got = kernel_run(*args)
-    assert calls == [1] and epilogues == [1]
+    assert calls == [1]
     _team_off(monkeypatch)
     monkeypatch.setattr(igemm, "SPLIT_MACS", 0)
     with using_threads(2):

@@ -45,6 +45,9 @@ from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 MR = 4  # rows of A per micro-kernel: 4 x 4 accumulators, 8 loads per 16 vpdpbusd (6 x 4, 8 x 2: the same speed)
+# rows of A whose tiles are written out in one call: a call passes ~15 arrays, each counted in and out (~200 ns,
+# the whole write-out of a 4-row tile of small K), so one call writes 32 tiles (a 32 KB block of int32 sums)
+RB = 32 * MR
 NR = 4  # 16-lane vectors per panel
 W = 16 * NR  # columns of a panel
 SPLIT_MACS = 1 << 24  # ~50 us on one thread: below it a second thread's ~60 us pool hand-over costs more than it saves
@@ -114,13 +117,14 @@ _VNNI: bool | None = None
 
 
 def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_zero_point: Any = 0,
-          b_zero_point: Any = 0, scale: Any = None, bias: np.ndarray | None = None, requantize: Any = None
-          ) -> np.ndarray:
+          b_zero_point: Any = 0, scale: Any = None, bias: np.ndarray | None = None, requantize: Any = None,
+          chain: Any = None) -> np.ndarray:
     """(A - a_zero_point) @ (B - b_zero_point) for an (M, K) uint8/int8 A and a `pack_b` B, exact, into ``out``
     (M, N): int32; or float32, float32(product) * scale [+ bias] (each a float32 operation: the bits of Cast, Mul
     and Add) when ``scale`` (one value) is given; or int8/uint8 with ``requantize=(factor, y_zero_point)``:
     saturate(rint(float64(product) * factor[n] + y_zero_point)), float64 operations in QLinearMatMul's order
-    (factor: one value or one per column). a_zero_point: one value or one per row; b_zero_point: one value or one
+    (factor: one value or one per column); or float32 with ``chain``, a conv's requantizing epilogue applied to each
+    tile as it is written (`Chain`: no sums written and read back). a_zero_point: one value or one per row; b_zero_point: one value or one
     per column; bias: one float32 per column. A batch: A and out (batch, M, ...), ``packed`` one per matrix or one
     for all. The rows (the matrices of a batch) split over a native team from `TEAM_SPLIT_MACS` multiply-adds,
     else over `parallel_for` from `SPLIT_MACS`."""
@@ -135,11 +139,12 @@ def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_z
     h = (first.beta - np.asarray(b_zero_point, dtype=np.int64).reshape(-1)).astype(np.int32)  # B' to B - zb
     h = np.full(n, h[0], np.int32) if h.size == 1 else h
     mode = 0 if scale is None and requantize is None else (1 if requantize is None else 2)
+    mode = 3 if chain is not None else mode
     s = np.float32(np.asarray(scale).reshape(-1)[0]) if mode == 1 else np.float32(1)
     bz = _NO_BIAS if bias is None else np.ascontiguousarray(bias, dtype=np.float32).reshape(-1)
     # every array read-only, as a constant bias comes: numba compiles one version per argument types, and one
     # compiled in a timed first run would lose the core's timing
-    ends = (s, readonly(bz)) + _requantizing(requantize, out.dtype, n)
+    ends = (s, readonly(bz)) + _requantizing(requantize, out.dtype, n) + (_NO_CHAIN if chain is None else chain.operands)
     panel = (k // 4 * 4 * W,)  # one panel of B packed for the micro-kernel: scratch of the thread computing
 
     def rows(x: np.ndarray, p: Packed, y: np.ndarray, lo: int, hi: int) -> None:
@@ -223,6 +228,37 @@ _NO_BIAS = np.zeros(0, np.float32)
 _NO_FACTOR = readonly(np.ones(1, np.float64))
 
 
+class Chain:
+    """A conv's epilogue (quant.py's Requantize without division) for `igemm` to apply to each tile as it writes it:
+    dst = act(rint(clip((float32(sum) + c) * m, low, high)) * out_scale * s + b), then the post grid's
+    clip(rint(. / post), low, high) * factor when there is one; without ``rounding`` (a ConvInteger's Cast and
+    Mul) act((float32(sum) + c) * m * out_scale * s + b). m, c, s, b: one float32 value or one a row of A (an
+    output channel), empty when absent; ``params`` quant.py's Requantize params (low, high, out_scale, the Clip
+    bounds, the post grid and its factor), ``act`` its activation (0 none, 1 Relu, 2 Clip). The same float32
+    operations in the same order as quant.py's `_rq_fused`: the same bits."""
+
+    __slots__ = ("operands",)
+
+    def __init__(self, m: np.ndarray, c: np.ndarray, s: np.ndarray, b: np.ndarray, params: np.ndarray, act: int,
+                 rounding: bool = True) -> None:
+        lo, hi = params[3], params[4]
+        act_lo = lo if act == 2 else (np.float32(0) if act == 1 else np.float32(-np.inf))
+        act_hi = hi if act == 2 else np.float32(np.inf)
+        out_scale = params[2] if params[2] != 0 else np.float32(1)
+        values = np.asarray([params[0], params[1], out_scale, act_lo, act_hi, params[5], params[6], params[7],
+                             params[8], 1 if rounding else 0], np.float32)
+        self.operands = tuple(readonly(np.ascontiguousarray(v, np.float32).reshape(-1)) for v in (m, c, s, b, values))
+
+    def rows(self, lo: int, hi: int) -> "Chain":
+        """The chain for rows lo..hi of A (its per-row operands sliced)."""
+        part = Chain.__new__(Chain)
+        part.operands = tuple(v[lo:hi] if v.size > 1 and i < 4 else v for i, v in enumerate(self.operands))
+        return part
+
+
+_NO_CHAIN = tuple(readonly(np.zeros(0, np.float32)) for _ in range(5))
+
+
 def _requantizing(requantize: Any, dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     """(factor per column, [y zero point, type min, type max]) as float64 arrays for `_write`."""
     if requantize is None:
@@ -248,7 +284,7 @@ def _rows(a, alpha, g, b, beta, colsum, h, mode, how, out, lo, hi, c0, c1, panel
         for j in range(k):
             total += np.int32(a[uintp(m), uintp(j)] ^ flip)
         ra[m - lo] = total - g[m if g.shape[0] > 1 else 0] * np.int32(k)
-    tile = np.empty((MR, W), np.int32)
+    tile = np.empty((RB, W), np.int32)
     xor, flip_b = (_XOR if alpha else np.int32(0)), (_XOR if beta else np.int32(0))
     base, pb = np.int64(a.ctypes.data), np.int64(b.ctypes.data)
     pp, pt = np.int64(panel.ctypes.data), np.int64(tile.ctypes.data)
@@ -256,11 +292,14 @@ def _rows(a, alpha, g, b, beta, colsum, h, mode, how, out, lo, hi, c0, c1, panel
         w = min(W, c1 - n0)
         if k4 > 0:
             _pack(pb + n0, np.int64(n), np.int64(w), pp, np.int64(k4), flip_b)
-        for m0 in range(lo, hi, MR):
-            rows = min(MR, hi - m0)
-            if k4 > 0:
-                _tile(rows, base + np.int64(m0) * k, np.int64(k), pp, pt, np.int64(W), np.int64(k4), xor)
-            _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra[m0 - lo :], m0, rows, n0, w, 4 * k4)
+        for b0 in range(lo, hi, RB):  # RB rows' tiles, then their write-out in one call
+            block = min(RB, hi - b0)
+            for m0 in range(b0, b0 + block, MR):
+                rows = min(MR, b0 + block - m0)
+                if k4 > 0:
+                    _tile(rows, base + np.int64(m0) * k, np.int64(k), pp, pt + np.int64(m0 - b0) * (4 * W),
+                          np.int64(W), np.int64(k4), xor)
+            _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra[b0 - lo :], b0, block, n0, w, 4 * k4)
 
 
 @jit
@@ -279,10 +318,10 @@ def _tile(rows, pa, lda, pb, pc, ldc, k4, xor):  # pragma: no cover - compiled
 @jit
 def _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra, m0, rows, n0, w, kt):  # pragma: no cover
     """Rows m0.. of a tile (columns n0..n0 + w): + the K % 4 last products + the two rank-1 terms (ra: rowsum(A)
-    - za * K per row), into ``out``: int32 (mode 0), scaled float32 (1), requantized 8-bit (2); ``how``: (scale,
-    bias, factor, [y zero point, min, max])."""
+    - za * K per row), into ``out``: int32 (mode 0), scaled float32 (1), requantized 8-bit (2), a `Chain`'s float32
+    (3); ``how``: (scale, bias, factor, [y zero point, min, max]) then the chain's operands."""
     flip_b = np.int8(-128 if beta else 0)
-    s, bias, fq, qp = how
+    s, bias, fq, qp = how[0], how[1], how[2], how[3]
     for r in range(rows):
         m = m0 + r
         acc = tile[r]
@@ -305,6 +344,39 @@ def _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra, m0, rows, n
         elif mode == 1:
             for j in range(w):
                 dst[uintp(j)] = np.float32(acc[uintp(j)]) * s
+        elif mode == 3:  # `Chain`'s steps (absent operands exact identities: + -0.0, * 1, a clip to +-inf), as
+            cm, cc, cs, cb, p = how[4], how[5], how[6], how[7], how[8]  # quant.py's `_rq_fused` computes each value
+            mc = cm[uintp(m if cm.size > 1 else 0)]
+            ac = cc[uintp(m if cc.size > 1 else 0)] if cc.size else np.float32(-0.0)
+            sc = cs[uintp(m if cs.size > 1 else 0)] if cs.size else np.float32(1)
+            bc = cb[uintp(m if cb.size > 1 else 0)] if cb.size else np.float32(-0.0)
+            low, high, osc, act_lo, act_hi = p[0], p[1], p[2], p[3], p[4]
+            ps, plo, phi, pq = p[5], p[6], p[7], p[8]
+            if p[9] == 0:
+                for j in range(w):
+                    v = (np.float32(acc[uintp(j)]) + ac) * mc * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    dst[uintp(j)] = act_hi if v > act_hi else v
+            elif ps != 0:
+                for j in range(w):
+                    v = (np.float32(acc[uintp(j)]) + ac) * mc
+                    v = low if v < low else v
+                    v = high if v > high else v
+                    v = np.rint(v) * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    v = act_hi if v > act_hi else v
+                    v = v / ps
+                    v = plo if v < plo else v
+                    v = phi if v > phi else v
+                    dst[uintp(j)] = np.rint(v) * pq
+            else:
+                for j in range(w):
+                    v = (np.float32(acc[uintp(j)]) + ac) * mc
+                    v = low if v < low else v
+                    v = high if v > high else v
+                    v = np.rint(v) * osc * sc + bc
+                    v = act_lo if v < act_lo else v
+                    dst[uintp(j)] = act_hi if v > act_hi else v
         else:
             zy, low, high = qp[0], qp[1], qp[2]
             for j in range(w):

@@ -202,25 +202,27 @@ class QConv:
         self.steps = None if self.fast is not None else Steps(ctx, attrs, per_channel)
         self.residual = attrs.get("residual_rounding")
         self.rounding = _rounding(ctx, self.residual) if self.residual else None
+        self.chain = _chain(self.fast, self.operands)
         qg.compile_for(self.x_dtype)
 
     def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
         """The numpy kernel's epilogue on a region of the exact sums ``y``, then + Z and its rounding."""
         ch = region[1]
-        if self.fast is not None and _whole(ch, self.conv.m) and qg.requantize_on_team(self.fast, y[region],
-                                                                                      self.operands, out[region]):
-            pass  # an image's epilogue, shared over a native team
-        elif self.fast is not None:
+        if self.fast is not None:
             self.fast(y[region], *(v if v is None or v.size == 1 else v[ch] for v in self.operands), out=out[region])
         else:
             self.steps(y[region], out[region], ch)
         if self.residual:
-            part = out[region]
-            np.add(part, z[region], out=part)
-            if self.rounding is not None:
-                self.rounding(part, None, None, out=part)
-            else:
-                _quantize_stage(part, np.float32(self.residual[0]), self.residual[1], self.residual[2])
+            self.add_residual(out, region, z)
+
+    def add_residual(self, out: np.ndarray, region: tuple, z: np.ndarray) -> None:
+        """+ Z on a finished region of the output, then Z's rounding."""
+        part = out[region]
+        np.add(part, z[region], out=part)
+        if self.rounding is not None:
+            self.rounding(part, None, None, out=part)
+        else:
+            _quantize_stage(part, np.float32(self.residual[0]), self.residual[1], self.residual[2])
 
     def __call__(self, x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
                  y_zero_point=None, b=None, s=None, a=None, z=None):
@@ -228,6 +230,10 @@ class QConv:
         if not out.size:
             return out
         q, nan = qg.quantized(x, self.quantize, self.x_dtype, self.x_zero)
+        if self.chain is not None and not nan:  # the epilogue in igemm's write-out: no sums written and read back
+            self.conv(q, self.x_zero, out, out, (lambda acc, dst, region: self.add_residual(dst, region, z))
+                      if self.residual else None, chain=self.chain)
+            return out
         y = scratch("minfer_ops_numba-qconv-y", out.shape, np.float32 if self.fast is not None else np.int32)
         self.conv(q, self.x_zero, y, out, lambda acc, dst, region: self.finish(acc, dst, region, z))
         if nan:  # the float conv's sums are NaN where a window holds a NaN: those outputs are the epilogue of NaN
@@ -238,10 +244,17 @@ class QConv:
         return out
 
 
-def _whole(ch: slice, m: int) -> bool:
-    """Whether a region's channels are all ``m`` of an image (igemm's product ran on a team, or on this thread
-    alone: not a range of parallel_for's, whose threads a team must not claim while it runs)."""
-    return ch.start == 0 and ch.stop == m
+def _chain(epilogue: Any, operands: list) -> igemm.Chain | None:
+    """The compiled Requantize ``epilogue`` (quant.py's, with its operands m, c, s, b) as an `igemm.Chain`, or None
+    when it is not one (numpy's steps) or divides."""
+    steps = getattr(epilogue, "steps", None)
+    if steps is None:
+        return None
+    params, (divide, rounding, act) = steps
+    if divide:
+        return None
+    m, c, s, b = (np.zeros(0, np.float32) if v is None else v for v in operands)
+    return igemm.Chain(m, c, s, b, params, int(act), bool(rounding))
 
 
 def _quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float) -> None:
@@ -345,16 +358,7 @@ class ScaledConv:
         sv, av = (None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
                   for v in (s, a))
 
-        def finish(y: np.ndarray, dst: np.ndarray, region: tuple) -> None:
-            ch = region[1]
-            if _whole(ch, self.conv.m) and qg.requantize_on_team(self.epilogue, y[region], (m, None, sv, av),
-                                                                 dst[region]):
-                return
-            self.epilogue(y[region], m, None, None if sv is None else sv[ch], None if av is None else av[ch],
-                          out=dst[region])
-
-        y = scratch("minfer_ops_numba-qconv-y", out.shape, np.float32)
-        self.conv(q, zero, y, out, finish)
+        self.conv(q, zero, out, out, None, chain=_chain(self.epilogue, [m, None, sv, av]))  # in igemm's write-out
         return out
 
 

@@ -5,10 +5,10 @@ the initializer as given, its rows streamed by igemm) by B (K, OH * OW, one colu
 image itself for a 1x1 stride-1 unpadded conv, else its 8-bit im2col here (padding with x's zero point, as
 onnxruntime pads). igemm packs B's 64-column panels itself; B's column sums (for the zero points' rank-1 terms)
 come from the same pass that makes B, not from a numpy pass (which cost as much as the product on resnet50's
-3x3 shapes). With a native team (team.py) igemm shares the product's columns over it, then the compiled epilogue's
-output channels are shared over it (`requantize_on_team`; other epilogues run on the calling thread); else the
-output's channels split over `parallel_for` in blocks of 16, each block's epilogue run by the thread that computed
-it while its tile is in cache. Either way each value goes through the same operations: the same bits.
+3x3 shapes). With a native team (team.py) igemm shares the product's columns over it; else the output's channels
+split over `parallel_for` in blocks of 16. A compiled epilogue runs in igemm's write-out (`igemm.Chain`), tile by
+tile; another runs on each block of channels after its product, on the thread that computed it. Either way each
+value goes through the same operations: the same bits.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 
 from minfer_core import intra_op_threads, parallel_for, scratch
 
-from . import igemm, quant, team
+from . import igemm, team
 from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 from .window import window
 
@@ -115,9 +115,12 @@ class IntegerConv:
             self.shapes[shape] = Geometry(shape, self.kernel_hw, self.attrs)
         return self.shapes[shape]
 
-    def __call__(self, q: np.ndarray, x_zero: int, y: np.ndarray, out: np.ndarray, finish: Finish) -> None:
+    def __call__(self, q: np.ndarray, x_zero: int, y: np.ndarray, out: np.ndarray, finish: Finish | None,
+                 chain: igemm.Chain | None = None) -> None:
         """y (N, M, OH, OW; float32: the sums as float32, else int32) = the sums of q (N, C, H, W) less x_zero by the
-        weight less its zero point; ``finish(y, out, region)`` on each range of channels of an image as it is done."""
+        weight less its zero point; ``finish(y, out, region)`` on each range of channels of an image as it is done.
+        With ``chain`` (y then is out, C-contiguous float32) igemm writes the chain's values of the sums instead,
+        tile by tile, and ``finish`` (if any) runs on the finished range."""
         geo = self.geometry(q.shape)
         hw = geo.out_hw[0] * geo.out_hw[1]
         scale = ONE if y.dtype == np.float32 else None
@@ -127,8 +130,10 @@ class IntegerConv:
             def rows(lo: int, hi: int, i: int = i, packed: igemm.Packed = packed, rows_of: np.ndarray = rows_of
                      ) -> None:
                 zero = self.w_zero if np.ndim(self.w_zero) == 0 else self.w_zero[lo:hi]
-                igemm.igemm(self.weight[lo:hi], packed, rows_of[lo:hi], zero, x_zero, scale)
-                finish(y, out, (slice(i, i + 1), slice(lo, hi)))
+                igemm.igemm(self.weight[lo:hi], packed, rows_of[lo:hi], zero, x_zero, scale,
+                            chain=None if chain is None else chain.rows(lo, hi))
+                if finish is not None:
+                    finish(y, out, (slice(i, i + 1), slice(lo, hi)))
 
             _split(rows, self.m, self.weight.shape[1] * hw)
 
@@ -144,31 +149,6 @@ def _split(rows: Any, m: int, per_row: int) -> None:
         parallel_for(blocks, lambda lo, hi: rows(BLOCK * lo, min(BLOCK * hi, m)))
     else:
         rows(0, m)
-
-
-EPILOGUE_SPLIT = 1 << 15  # output values: from here a team shares a conv's compiled epilogue (~10 us of work)
-
-
-def requantize_on_team(epilogue: Any, y: np.ndarray, operands: tuple, out: np.ndarray) -> bool:
-    """``epilogue(y, *operands, out=out)`` for an image's (1, M, OH, OW) sums, its output channels shared over a
-    native team, when ``epilogue`` is quant.py's compiled Requantize, y and out are C-contiguous float32 and a team
-    runs; else False (the caller runs it). The same `_rq_rows` operations on each value: the same bits."""
-    steps = getattr(epilogue, "steps", None)
-    m = y.shape[1]
-    if (steps is None or y.size < EPILOGUE_SPLIT or m < 2 or intra_op_threads() < 2 or y.dtype != np.float32
-            or not (y.flags.c_contiguous and out.flags.c_contiguous) or out.dtype != np.float32):
-        return False
-    size = team.size()
-    if size < 2:
-        return False
-    cuts = np.array([m * t // size for t in range(size + 1)], np.int64)
-    vectors = tuple(_EMPTY if v is None else readonly(np.ascontiguousarray(v, np.float32).reshape(-1))
-                    for v in operands)
-    quant._rq_team(readonly(y.reshape(-1)), out.reshape(-1), y.size // m, *vectors, *steps, cuts)
-    return True
-
-
-_EMPTY = readonly(np.zeros(0, np.float32))
 
 
 def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple[np.ndarray, int]:

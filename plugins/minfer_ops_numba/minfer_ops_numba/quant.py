@@ -21,7 +21,6 @@ import numpy as np
 from minfer_core import KernelError, kernel
 
 from ._jit import PRIORITY, F32, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
-from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 DOMAIN = "ai.minfer"
 
@@ -370,26 +369,6 @@ def _rq_rows(src, dst, walk, m, c, s, b, params):  # pragma: no cover - compiled
                 _rq_affine(out, nl, sc, b[uintp(ch if bs else 0)] if hb else zero, hs, hb, act, p0, p1)
             if post != 0:
                 _rq_post(out, nl, post, plo, phi, pq)
-
-
-@jit
-def _share(v, c0, c1):  # pragma: no cover - compiled
-    """Channels c0..c1 of a per-channel operand; one value or none as it is."""
-    return v[c0:c1] if v.size > 1 else v[0 : v.size]
-
-
-@jit(parallel=True)
-def _rq_team(src, dst, hw, m, c, s, b, params, flags, cuts):  # pragma: no cover - compiled
-    """`_rq_rows` on channels cuts[t]..cuts[t + 1] of flat (M * hw) sums, one part a native team's thread (a
-    conv's epilogue: qconv_gemm.requantize_on_team). In this file: numba's cache of a function is invalidated by
-    changes to its own file only, and this one compiles `_rq_rows` into itself."""
-    for t in prange(cuts.size - 1):
-        c0, c1 = cuts[t], cuts[t + 1]
-        walk = np.empty(5 + flags.size, np.int64)
-        walk[0], walk[1], walk[2], walk[3], walk[4] = 1, 0, c1 - c0, hw, hw
-        walk[5:] = flags
-        _rq_rows(src[c0 * hw : c1 * hw], dst[c0 * hw : c1 * hw], walk, _share(m, c0, c1), _share(c, c0, c1),
-                 _share(s, c0, c1), _share(b, c0, c1), params)
 
 
 def _rq_operand(v: np.ndarray | None) -> np.ndarray:
