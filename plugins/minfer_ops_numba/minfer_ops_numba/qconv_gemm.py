@@ -21,6 +21,7 @@ from minfer_core import intra_op_threads, parallel_for, scratch
 
 from . import igemm, team
 from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .team import prange  # noqa: F401 (rebound to numba's at compile)
 from .window import window
 
 SPLIT_MACS = igemm.SPLIT_MACS  # below it one thread computes the whole conv
@@ -50,29 +51,50 @@ def _quantize(x, q, scale, low, high, zp):  # pragma: no cover - compiled
 def _im2col(x, cols, sums, geometry, pad):  # pragma: no cover - compiled
     """cols[(c, i, j), (oy, ox)] = x[c, oy * sh - ph + i * dh, ox * sw - pw + j * dw] (``pad`` outside x) for an
     8-bit (C, H, W) x; ``geometry``: kh, kw, sh, sw, ph, pw, dh, dw, oh, ow. Then sums = cols' column sums."""
-    kh, kw, sh, sw, ph, pw, dh, dw, oh, ow = geometry
-    c_in, h, w = x.shape
-    r = 0
-    for c in range(c_in):
-        for i in range(kh):
-            for j in range(kw):
-                row = cols[r]
-                off = j * dw - pw  # ix = ox * sw + off
-                lo = min(ow, max(0, (-off + sw - 1) // sw))
-                hi = max(lo, min(ow, (w - 1 - off) // sw + 1 if w - 1 - off >= 0 else 0))
-                for oy in range(oh):
-                    iy = oy * sh - ph + i * dh
-                    base = oy * ow
-                    if iy < 0 or iy >= h:
-                        row[base : base + ow] = pad
-                        continue
-                    src = x[c, iy]
-                    row[base : base + lo] = pad
-                    for ox in range(lo, hi):
-                        row[uintp(base + ox)] = src[uintp(ox * sw + off)]
-                    row[base + hi : base + ow] = pad
-                r += 1
+    _im2col_rows(x, cols, geometry, pad, 0, cols.shape[0])
     _column_sums(cols, sums)
+
+
+@jit(parallel=True)
+def _im2col_team(x, cols, sums, geometry, pad, parts):  # pragma: no cover - compiled
+    """`_im2col` on a native team: ``parts`` ranges of cols' rows, then of its columns' sums, one a thread each."""
+    k, n = cols.shape
+    for t in prange(parts):
+        _im2col_rows(x, cols, geometry, pad, k * t // parts, k * (t + 1) // parts)
+    for t in prange(parts):
+        lo, hi = n * t // parts, n * (t + 1) // parts
+        _column_sums(cols[:, lo:hi], sums[lo:hi])
+
+
+@jit
+def _im2col_rows(x, cols, geometry, pad, r0, r1):  # pragma: no cover - compiled
+    """Rows r0..r1 of `_im2col`'s cols (row r = (c, i, j)); each output row's run inside x in one loop (a unit
+    stride its own loop: it vectorizes)."""
+    kh, kw, sh, sw, ph, pw, dh, dw, oh, ow = geometry
+    h, w = x.shape[1], x.shape[2]
+    for r in range(r0, r1):
+        c, i, j = r // (kh * kw), (r // kw) % kh, r % kw
+        plane, row = x[c], cols[r]
+        off = j * dw - pw  # ix = ox * sw + off
+        lo = min(ow, max(0, (-off + sw - 1) // sw))
+        hi = max(lo, min(ow, (w - 1 - off) // sw + 1 if w - 1 - off >= 0 else 0))
+        for oy in range(oh):
+            iy = oy * sh - ph + i * dh
+            base = oy * ow
+            if iy < 0 or iy >= h:
+                for ox in range(ow):
+                    row[uintp(base + ox)] = pad
+                continue
+            for ox in range(lo):
+                row[uintp(base + ox)] = pad
+            if sw == 1:
+                for ox in range(lo, hi):
+                    row[uintp(base + ox)] = plane[uintp(iy), uintp(ox + off)]
+            else:
+                for ox in range(lo, hi):
+                    row[uintp(base + ox)] = plane[uintp(iy), uintp(ox * sw + off)]
+            for ox in range(hi, ow):
+                row[uintp(base + ox)] = pad
 
 
 @jit
@@ -170,8 +192,15 @@ def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int) -> igemm.Pa
     k = image.shape[0] * int(geo.im2col[0] * geo.im2col[1])
     cols = scratch("minfer_ops_numba-qconv-cols", (k, hw), image.dtype)
     sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
-    _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero))
+    size = team.size() if intra_op_threads() > 1 and k * hw >= TEAM_IM2COL else 1
+    if size > 1:  # the product will run on the team too
+        _im2col_team(image, cols, sums, geo.im2col, image.dtype.type(x_zero), size)
+    else:
+        _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero))
     return igemm.Packed(cols, sums)
+
+
+TEAM_IM2COL = 1 << 16  # bytes of cols from which a native team shares making them (~10 us of work)
 
 
 def touched(hit: np.ndarray, geo: Geometry, kernel_hw: tuple[int, int], attrs: dict) -> np.ndarray:
