@@ -223,3 +223,33 @@ def test_a_quantized_model_runs_its_products_on_the_team(monkeypatch):
     assert calls == [1]
     np.testing.assert_array_equal(got, alone)
     np.testing.assert_array_equal(got, ort_run(model, {"a": a})[0])
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["inner-runs", "channels"])
+def test_requantize_of_a_whole_output_on_a_team_is_one_threads_result_bit_for_bit(monkeypatch, per_channel):
+    """The compiled Requantize on a whole output (a depthwise conv's epilogue, run after its loops) shares its
+    channels, or one channel's run, over a native team: the values of one thread, bit for bit."""
+    from minfer_core import TensorType
+    from minfer_ops_conv import requantize
+    from minfer_ops_numba import quant
+
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB)")
+    rng = np.random.default_rng(12)
+    shape = (1, 48, 40, 41)
+    assert np.prod(shape) >= quant.TEAM_VALUES
+    attrs = dict(low=-3.0, high=252.0, out_scale=0.2, activation="Relu", post_scale=0.05, post_low=0.0,
+                 post_high=255.0)
+    found = requantize.Compiled.find("rq", TensorType(np.float32, shape), (True, per_channel, True), **attrs)
+    assert found is not None and found.fn.__module__ == quant.__name__
+    n = shape[1] if per_channel else 1
+    x = rng.integers(-3000, 3000, shape).astype(np.float32)
+    x.reshape(-1)[:4] = [np.nan, np.inf, 0.5, -2.5]
+    m, c = rng.uniform(0.01, 0.05, n).astype(np.float32), rng.integers(-50, 50, n).astype(np.float32)
+    s, b = rng.uniform(0.2, 0.5, n).astype(np.float32), rng.uniform(-1, 1, n).astype(np.float32)
+    alone = found.fn(x, m, c, s, b, out=np.empty(shape, np.float32))
+    calls = _counted(monkeypatch, quant, "_rq_team")
+    with using_threads(2):
+        got = found.fn(x, m, c, s, b, out=np.empty(shape, np.float32))
+    assert calls == [1] and np.unique(alone).size > 20
+    assert got.tobytes() == alone.tobytes()

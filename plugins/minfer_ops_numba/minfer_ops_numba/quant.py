@@ -18,9 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import KernelError, kernel
+from minfer_core import KernelError, intra_op_threads, kernel
 
+from . import team
 from ._jit import PRIORITY, F32, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 DOMAIN = "ai.minfer"
 
@@ -371,6 +373,39 @@ def _rq_rows(src, dst, walk, m, c, s, b, params):  # pragma: no cover - compiled
                 _rq_post(out, nl, post, plo, phi, pq)
 
 
+@jit
+def _rq_part(v, c0, c1):  # pragma: no cover - compiled
+    """Channels c0..c1 of a per-channel operand; one value or none as it is."""
+    return v[c0:c1] if v.size > 1 else v[0 : v.size]
+
+
+@jit(parallel=True)
+def _rq_team(src, dst, walk, m, c, s, b, params, parts):  # pragma: no cover - compiled
+    """`_rq_rows` over a native team (team.py): the walk's channels in ``parts`` ranges, or, with one channel and
+    one outer run, its inner run in ``parts`` ranges; each range one team thread's. The same operations on each
+    value: the same bits. In this file: numba's cache of a function is checked against its own file only, and
+    this one compiles `_rq_rows` into itself."""
+    nc, s1, nl = walk[2], walk[3], walk[4]
+    by_channel = nc > 1
+    count = nc if by_channel else nl
+    for t in prange(parts):
+        lo, hi = count * t // parts, count * (t + 1) // parts
+        if hi > lo:
+            part = walk.copy()
+            if by_channel:
+                part[2] = hi - lo
+                at = lo * s1
+                _rq_rows(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(c, lo, hi), _rq_part(s, lo, hi),
+                         _rq_part(b, lo, hi), params)
+            else:
+                part[4] = hi - lo
+                _rq_rows(src[lo:], dst[lo:], part, m, c, s, b, params)
+
+
+# values from which a native team shares a Requantize call (~15 us of one thread's work; its hand-over ~1 us)
+TEAM_VALUES = 1 << 16
+
+
 def _rq_operand(v: np.ndarray | None) -> np.ndarray:
     if v is None:
         return _EMPTY
@@ -427,8 +462,13 @@ def requantize(ctx, *, low=-np.inf, high=np.inf, divide=0, rounding=1, out_scale
             np.copyto(y, dst)
             return y
         walk, extent = found
-        _rq_rows(readonly(_window(x, extent)), _window(y, extent), walk, _rq_operand(m), _rq_operand(c),
-                 _rq_operand(s), _rq_operand(b), params)
+        operands = (_rq_operand(m), _rq_operand(c), _rq_operand(s), _rq_operand(b))
+        src, dst = readonly(_window(x, extent)), _window(y, extent)
+        size = team.size() if y.size >= TEAM_VALUES and intra_op_threads() > 1 and (walk[2] > 1 or walk[0] == 1) else 1
+        if size > 1:  # a whole output at once (a depthwise conv's, after its loops): shared over the team
+            _rq_team(src, dst, walk, *operands, params, size)
+        else:
+            _rq_rows(src, dst, walk, *operands, params)
         return y
 
     run.steps = (params, readonly(np.asarray(flags, np.int64)))  # a conv's team driver calls `_rq_rows` with them
