@@ -253,3 +253,32 @@ def test_requantize_of_a_whole_output_on_a_team_is_one_threads_result_bit_for_bi
         got = found.fn(x, m, c, s, b, out=np.empty(shape, np.float32))
     assert calls == [1] and np.unique(alone).size > 20
     assert got.tobytes() == alone.tobytes()
+
+
+def test_the_team_driver_compiles_at_build_not_in_a_timed_run():
+    """Building a quantized model compiles igemm's team driver for its output types (a fresh process, an input
+    shape known only at run: nothing ran it): compiled in the first run instead, it lost the core's timing to
+    numpy's kernel (attention's QLinearMatMul ran 176 us where igemm takes 103)."""
+    import subprocess
+    import sys
+
+    _needs_team_and_vnni()
+    script = """
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+import minfer_core
+from minfer_ops_numba import igemm
+inits = [numpy_helper.from_array(np.array(v, t), n) for n, v, t in (("sa", 0.02, np.float32), ("za", 128, np.uint8),
+         ("sb", 0.03, np.float32), ("zb", 120, np.uint8), ("sy", 0.5, np.float32), ("zy", 100, np.uint8))]
+node = helper.make_node("QLinearMatMul", ["a", "sa", "za", "b", "sb", "zb", "sy", "zy"], ["y"])
+graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.UINT8, ["n", 128, 64]),
+                          helper.make_tensor_value_info("b", TensorProto.UINT8, ["n", 64, 128])],
+                          [helper.make_tensor_value_info("y", TensorProto.UINT8, None)], inits)
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+minfer_core.InferenceSession(model, threads=2)
+print(sorted(str(sig[9].dtype) for sig in igemm._on_team.signatures))
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "uint8" in done.stdout.strip().splitlines()[-1], done.stdout

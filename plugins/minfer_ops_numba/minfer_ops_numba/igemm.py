@@ -170,6 +170,23 @@ def igemm(a: np.ndarray, packed: Packed | Sequence[Packed], out: np.ndarray, a_z
     return out
 
 
+def warm(out_dtype: Any) -> None:
+    """Compile (or load from numba's cache) the product into ``out_dtype`` now, at build: on this thread and, where
+    a native team may run, the team's driver. Compiled in a first run instead, it would lose the core's timing of
+    its kernel (measured: attention's QLinearMatMul went to numpy's kernel, 176 us a run against igemm's 103)."""
+    a, packed = np.zeros((1, 4), np.uint8), pack_b(np.zeros((4, 1), np.int8))
+    out = np.empty((1, 1), out_dtype)
+    scale = np.float32(1) if out.dtype == np.float32 else None
+    requantize = (1.0, None) if out.dtype in EIGHT_BIT else None
+    igemm(a, packed, out, scale=scale, requantize=requantize)
+    if team.available():
+        _ensure_kernels()
+        g, h = readonly(np.zeros(1, np.int32)), readonly(np.zeros(1, np.int32))
+        mode = 0 if scale is None and requantize is None else (1 if requantize is None else 2)
+        ends = (np.float32(1), readonly(_NO_BIAS)) + _requantizing(requantize, out.dtype, 1) + _NO_CHAIN
+        _team(a, packed, out, 1, 1, 1, (0, g, 0, h, mode, ends), (4 * W,))
+
+
 def _team(a: np.ndarray, packed: Any, out: np.ndarray, count: int, m: int, size: int, how: tuple, panel: tuple
           ) -> None:
     """`igemm`'s product on a native team of ``size``, in ``size`` parts as even as the blocks allow, one a team

@@ -230,8 +230,9 @@ def compile_for(dtype: np.dtype) -> None:
     _column_sums(x.reshape(1, 9), sums)
     cols = np.zeros((1, 9), dtype)
     _im2col(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0))
-    igemm.igemm(np.zeros((1, 1), np.int8), igemm.pack_b(np.zeros((1, 1), dtype)), np.empty((1, 1), np.float32),
-                scale=ONE)
-    igemm.igemm(np.zeros((1, 1), np.int8), igemm.pack_b(np.zeros((1, 1), dtype)), np.empty((1, 1), np.int32))
+    igemm.warm(np.float32)
+    igemm.warm(np.int32)
+    if team.available():  # the team's im2col
+        _im2col_team(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0), 1)
 
 

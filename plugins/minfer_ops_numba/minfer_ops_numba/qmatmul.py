@@ -65,9 +65,7 @@ def _row_zero_point(zp: Any, a: np.ndarray) -> Any:
 
 def _compiled(out_dtype: Any) -> None:
     """Compile (or load from numba's cache) the kernel for this out dtype now, at build, not in a timed run."""
-    scale = np.float32(1) if out_dtype == np.float32 else None
-    igemm.igemm(np.zeros((1, 1), np.uint8), igemm.pack_b(np.zeros((1, 1), np.int8)), np.empty((1, 1), out_dtype),
-                scale=scale)
+    igemm.warm(out_dtype)
 
 
 def _into(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
