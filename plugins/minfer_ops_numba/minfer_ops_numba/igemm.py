@@ -9,7 +9,9 @@ How: numba's loops neither keep accumulators in registers (its arrays may alias:
 every k) nor emit ``vpdpbusd`` (register-blocked loops in plain numba ran 6-43 GMAC/s). The micro-kernel is
 written in LLVM IR instead (numba ``intrinsic``s): for 1-4 rows of A and a panel of 64 columns of B it steps over
 K by 4, loads the panel's four 64-byte vectors and one broadcast 4-byte word of each A row, and chains 16
-``vpdpbusd`` on 16 accumulators held in registers; it stores the 4 x 64 int32 tile once. The panel is packed at
+``vpdpbusd`` on 16 accumulators held in registers; it stores the 4 x 64 int32 tile once, and a block of `RB`
+rows' tiles goes to one compiled write-out call (`_write`: the rank-1 corrections, then the output's type or a
+conv's epilogue, `Chain`). The panel is packed at
 each call (4 rows of B, interleaved byte by byte by two rounds of shuffles: a pass over B in 1/4 of the bytes
 minfer-ops-basic's float32 copy writes) into thread scratch, so a weight is held once, as given, whichever kernel
 the core picks for its node (a packed copy held at build doubled a quantized model's weight bytes). Without
