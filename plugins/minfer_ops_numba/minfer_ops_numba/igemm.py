@@ -376,26 +376,21 @@ def _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra, m0, rows, n
                     v = (np.float32(acc[uintp(j)]) + ac) * mc * osc * sc + bc
                     v = act_lo if v < act_lo else v
                     dst[uintp(j)] = act_hi if v > act_hi else v
-            elif ps != 0:
-                for j in range(w):
+            else:
+                post = ps != 0
+                for j in range(w):  # one loop: LLVM unswitches the branch, the same for every element
                     v = (np.float32(acc[uintp(j)]) + ac) * mc
                     v = low if v < low else v
                     v = high if v > high else v
                     v = np.rint(v) * osc * sc + bc
                     v = act_lo if v < act_lo else v
                     v = act_hi if v > act_hi else v
-                    v = v / ps
-                    v = plo if v < plo else v
-                    v = phi if v > phi else v
-                    dst[uintp(j)] = np.rint(v) * pq
-            else:
-                for j in range(w):
-                    v = (np.float32(acc[uintp(j)]) + ac) * mc
-                    v = low if v < low else v
-                    v = high if v > high else v
-                    v = np.rint(v) * osc * sc + bc
-                    v = act_lo if v < act_lo else v
-                    dst[uintp(j)] = act_hi if v > act_hi else v
+                    if post:
+                        v = v / ps
+                        v = plo if v < plo else v
+                        v = phi if v > phi else v
+                        v = np.rint(v) * pq
+                    dst[uintp(j)] = v
         else:
             zy, low, high = qp[0], qp[1], qp[2]
             for j in range(w):
