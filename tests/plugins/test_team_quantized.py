@@ -282,3 +282,35 @@ print(sorted(str(sig[9].dtype) for sig in igemm._on_team.signatures))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
     assert "uint8" in done.stdout.strip().splitlines()[-1], done.stdout
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["inner-runs", "channels"])
+def test_rounding_of_a_whole_output_on_a_team_is_one_threads_result_bit_for_bit(monkeypatch, per_channel):
+    """The compiled QuantizeDequantize on a whole output (DequantConv's rounding, * M, + A and the second rounding
+    after its units), in place as the epilogue calls it, shares its channels or its one run over a native team:
+    the values of one thread, bit for bit."""
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import quant
+
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB)")
+    rng = np.random.default_rng(13)
+    shape = (1, 48, 40, 41)
+    assert np.prod(shape) >= quant.TEAM_VALUES
+    operand = (1, shape[1], 1, 1) if per_channel else (1,)
+    types = (TensorType(np.float32, shape), TensorType(np.float32, operand), TensorType(np.float32, operand))
+    ctx = KernelContext("q", "QuantizeDequantize", 1, types, types[:1], (None,) * 3, 1)
+    attrs = {"scale": 0.0401, "low": -128.0, "high": 127.0, "post_scale": 0.0365, "post_low": 0.0,
+             "post_high": 255.0}
+    fn = quant.quantize_dequantize.prepared(ctx, attrs)
+    x = (rng.standard_normal(shape) * 4).astype(np.float32)
+    x.reshape(-1)[:3] = [np.nan, -0.0, 1e9]
+    m, a = rng.uniform(0.5, 2, operand).astype(np.float32), rng.uniform(-1, 1, operand).astype(np.float32)
+    alone = x.copy()
+    fn(alone, m, a, out=alone)
+    calls = _counted(monkeypatch, quant, "_qdq_team")
+    got = x.copy()
+    with using_threads(2):
+        fn(got, m, a, out=got)
+    assert calls == [1] and np.unique(alone).size > 20
+    assert got.tobytes() == alone.tobytes()

@@ -86,6 +86,27 @@ def _requantize(src, dst, walk, m, a, params):  # pragma: no cover - compiled
                     out[uintp(j)] = _value(row[uintp(j)], mc, ac, mul, add, scale, low, high, post, plow, phigh)
 
 
+@jit(parallel=True)
+def _qdq_team(src, dst, walk, m, a, params, parts):  # pragma: no cover - compiled
+    """`_requantize` over a native team (team.py): the walk's channels in ``parts`` ranges, or, with one channel and
+    one outer run, its inner run in ``parts`` ranges; each range one team thread's (in place too: each range reads
+    its own elements before it writes them). The same operations on each value: the same bits."""
+    nc, s1, nl = walk[2], walk[3], walk[4]
+    by_channel = nc > 1
+    count = nc if by_channel else nl
+    for t in prange(parts):
+        lo, hi = count * t // parts, count * (t + 1) // parts
+        if hi > lo:
+            part = walk.copy()
+            if by_channel:
+                part[2] = hi - lo
+                at = lo * s1
+                _requantize(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(a, lo, hi), params)
+            else:
+                part[4] = hi - lo
+                _requantize(src[lo:], dst[lo:], part, m, a, params)
+
+
 def _channel_axis(shape: tuple[int, ...] | None, rank: int) -> int | None:
     """The axis of an operand broadcasting into a tensor of ``rank`` along which it varies: -1 for a scalar, None
     when it varies along more than one (or its shape is unknown)."""
@@ -147,8 +168,10 @@ def _runner(axis: int | None, scale: float, low: float, high: float, post: float
     params = readonly(np.asarray([scale, low, high, post, plow, phigh], np.float32))
     one, zero = readonly(np.ones(1, np.float32)), readonly(np.zeros(1, np.float32))
     walk, y = np.asarray([1, 0, 1, 0, 1, 1, 1], np.int64), np.ones(1, np.float32)
-    for src in (one, y):  # compiles now, at build: into another array, and in place
+    for src in (one, y):  # compiles now, at build: into another array, and in place (the team's driver too)
         _requantize(src, y, walk, one, one, params)
+        if team.available():
+            _qdq_team(src, y, walk, one, one, params, 1)
     # per (shape, strides, whether M and A are given): a tile's walk (a conv's tiles repeat run after run)
     walks: dict[tuple[Any, ...], Walk | None] = {}
 
@@ -179,7 +202,12 @@ def _runner(axis: int | None, scale: float, low: float, high: float, post: float
         if walk[4] == 1 and channels > 1:  # the channels are innermost: per-channel operands keep the loop vectorized
             mv, av = (_spread(v, channels) for v in (mv, av))
         dst = _window(y, extent)
-        _requantize(dst if x is y else readonly(_window(x, extent)), dst, walk, mv, av, params)
+        src = dst if x is y else readonly(_window(x, extent))
+        size = team.size() if y.size >= TEAM_VALUES and intra_op_threads() > 1 and (walk[2] > 1 or walk[0] == 1) else 1
+        if size > 1:  # a whole output at once (a conv's rounding, after its units): shared over the team
+            _qdq_team(src, dst, walk, mv, av, params, size)
+        else:
+            _requantize(src, dst, walk, mv, av, params)
 
     def run(x, m=None, a=None, *, out=None):
         y = out if out is not None else np.empty(x.shape, np.float32)
@@ -436,6 +464,9 @@ def requantize(ctx, *, low=-np.inf, high=np.inf, divide=0, rounding=1, out_scale
     flags = (int(divide), int(rounding), act)
     one = readonly(np.ones(1, np.float32))
     _rq_rows(one, np.ones(1, np.float32), np.asarray((1, 0, 1, 0, 1, *flags), np.int64), one, one, one, one, params)
+    if team.available():  # the team's driver too: compiled in a timed run, it would lose the core's timing
+        _rq_team(one, np.ones(1, np.float32), np.asarray((1, 0, 1, 0, 1, *flags), np.int64), one, one, one, one,
+                 params, 1)
     walks: dict[tuple[Any, ...], Any] = {}  # per (shape, strides): a tile's walk (a conv's tiles repeat run after run)
 
     def walk_of(y: np.ndarray, per_channel: bool) -> Any:
