@@ -4,10 +4,9 @@ A quantized model's 1x1 and strided convs that minfer-passes leaves as ``Dequant
 weight into scratch on every run and call the registered Conv kernel for a weight computed at run time: only
 numpy's took one, which splits over `parallel_for` (serially in a run whose threads a native team claimed) and
 packs the weight per tile (quantized resnet50: its 1x1 DequantConvs took 11.5 of 29 ms on two threads). Here the
-run's weight (and bias) is copied into a per-thread (M, K + 1) scratch, the layout smallconv.py packs at build
-(the bias as the last column, against im2col's row of ones), and smallconv's compiled units run on it
-(`smallconv.units_of`/`team_units`: im2col, BLAS from compiled code, the epilogue), over a native team when one
-runs. An epilogue without a compiled form (DequantConv's rounding) runs once, on the whole output, after.
+run's weight, as it comes (DequantConv's scratch: no copy), is the GEMM's (M, K) left operand of smallconv's
+compiled units (`smallconv.units_of`/`team_units`: im2col without its row of ones, BLAS from compiled code, the
+epilogue adding the bias, as smallconv's 1x1 stride-1 path does), over a native team when one runs. An epilogue without a compiled form (DequantConv's rounding) runs once, on the whole output, after.
 The units come from the shape alone, as smallconv's: the same BLAS calls at any thread count.
 """
 
@@ -45,23 +44,25 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22, group 1, its weight given each run (see `applies`): smallconv's compiled units on it."""
     shape = tuple(input_type(ctx, 1).shape)
-    m, rows = shape[0], int(np.prod(shape[1:])) + 1
+    m, k = shape[0], int(np.prod(shape[1:]))
     fixed = ctx.constants[2] if len(ctx.constants) > 2 else None
     fixed = None if fixed is None else readonly(np.asarray(fixed, np.float32).reshape(-1).copy())
     stand_in = KernelContext(ctx.node_name, "Conv", ctx.opset, (ctx.input_types[0], TensorType(np.float32, shape)),
                              ctx.output_types, (None, np.zeros(shape, np.float32)), 1)
     node = smallconv.Node(stand_in, auto_pad, dilations, 1, pads, strides)
-    node.packed = np.broadcast_to(np.zeros(1, np.float32), (1, m, rows))  # its shape only: the weights come per run
+    # its shape only (the weights come per run; the bias column a packed node holds sizes the units as smallconv's)
+    node.packed = np.broadcast_to(np.zeros(1, np.float32), (1, m, k + 1))
     address = team.gemm_address()
     smallconv.__dict__["gemm"] = team.install()  # before smallconv's units compile (as its own kernel does)
-    smallconv._warm_compiled(address, np.zeros((m, rows), np.float32), readonly(np.zeros(m, np.float32)))
+    smallconv._warm_compiled(address, np.zeros((m, k), np.float32), readonly(np.zeros(m, np.float32)))
     plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
 
     def run(x, w, b=None, *, out=None, epilogue=None):
-        full = scratch("liveconv-weights", (m, rows), np.float32)
-        np.copyto(full[:, :-1], w.reshape(m, -1))
+        full = w.reshape(m, -1)  # the run's weight as it comes (DequantConv's scratch): no copy
+        if not (full.flags.c_contiguous and full.flags.writeable and full.dtype == np.float32):
+            full = scratch("liveconv-weights", (m, k), np.float32)  # one compiled signature for all
+            np.copyto(full, w.reshape(m, -1))
         bias = fixed if fixed is not None else None if b is None else np.asarray(b, np.float32).reshape(-1)
-        full[:, -1] = 0 if bias is None else bias
         fused = team.native(epilogue) if epilogue is not None else team.PLAIN
         if x.shape not in plans:
             plans[x.shape] = node.compiled_plan(x)
@@ -71,7 +72,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         y = out if out is not None else np.empty(out_shape, np.float32)
         if y.size == 0:
             return y
-        column = readonly(np.ascontiguousarray(full[:, -1])) if direct else NOTHING
+        column = NOTHING if bias is None else readonly(np.ascontiguousarray(bias, np.float32))  # added by the epilogue
         args = (address, readonly(np.ascontiguousarray(x)), full, column, y.reshape(out_shape[0], m, -1),
                 NOTHING if z is None else readonly(z.reshape(-1)), found, geos)
         threads = team.size() if len(found) > 1 else 1
