@@ -314,3 +314,28 @@ def test_rounding_of_a_whole_output_on_a_team_is_one_threads_result_bit_for_bit(
         fn(got, m, a, out=got)
     assert calls == [1] and np.unique(alone).size > 20
     assert got.tobytes() == alone.tobytes()
+
+
+@pytest.mark.parametrize("per_axis", [False, True], ids=["per-tensor", "per-channel"])
+def test_dequantizing_a_large_weight_on_a_team_is_one_threads_result_bit_for_bit(monkeypatch, per_axis):
+    """The compiled DequantizeLinear of a large weight (what DequantGemm and DequantConv run each run) shares its
+    channels, or its one run, over a native team: one thread's values, bit for bit."""
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import dequantize
+
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB)")
+    rng = np.random.default_rng(14)
+    x = _random(rng, np.int8, (300, 256))
+    assert x.size >= dequantize.TEAM_VALUES
+    scale = rng.uniform(0.001, 0.01, 300 if per_axis else 1).astype(np.float32).reshape(-1 if per_axis else ())
+    zero = _random(rng, np.int8, scale.shape)
+    types = tuple(TensorType(v.dtype, v.shape) for v in (x, scale, zero))
+    ctx = KernelContext("d", "DequantizeLinear", 13, types, (TensorType(np.float32, x.shape),), (None,) * 3, 1)
+    fn = dequantize.dequantize_linear_13.prepared(ctx, {"axis": 0})
+    alone = fn(x, scale, zero, out=np.empty(x.shape, np.float32))
+    calls = _counted(monkeypatch, dequantize, "_dequantize_team")
+    with using_threads(2):
+        got = fn(x, scale, zero, out=np.empty(x.shape, np.float32))
+    assert calls == [1] and np.unique(alone).size > 20
+    assert got.tobytes() == alone.tobytes()

@@ -13,9 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import kernel
+from minfer_core import intra_op_threads, kernel
 
+from . import team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
 
@@ -37,6 +39,33 @@ def _dequantize_last(x, scale, zero, y):  # pragma: no cover - compiled
     for a in range(x.shape[0]):
         for c in range(x.shape[1]):
             y[uintp(a), uintp(c)] = (np.float32(x[uintp(a), uintp(c)]) - zero[uintp(c)]) * scale[uintp(c)]
+
+
+@jit(parallel=True)
+def _dequantize_team(x, scale, zero, y, parts):  # pragma: no cover - compiled
+    """`_dequantize` over a native team (team.py) for C-contiguous x, y (outer, channels, inner): ``parts`` ranges of
+    the flat elements, each a team thread's, walked by flat index (a slice of an inner axis would be a strided
+    array, whose loop does not vectorize). The same operations: the same bits."""
+    a, c, b = x.shape
+    xf, yf = x.reshape(-1), y.reshape(-1)
+    rows = a * c  # runs of b elements, one scale each
+    for t in prange(parts):
+        if c == 1 and scale.size == 1:  # one scale for all: even ranges of the elements
+            lo, hi = xf.size * t // parts, xf.size * (t + 1) // parts
+            sv, zv = scale[0], zero[0]
+            for i in range(lo, hi):
+                yf[uintp(i)] = (np.float32(xf[uintp(i)]) - zv) * sv
+        else:  # ranges of the rows (outer, channel)
+            for r in range(rows * t // parts, rows * (t + 1) // parts):
+                ch = r % c
+                sv, zv = scale[uintp(ch)], zero[uintp(ch)]
+                base = r * b
+                for k in range(b):
+                    yf[uintp(base + k)] = (np.float32(xf[uintp(base + k)]) - zv) * sv
+
+
+# values from which a native team shares a dequantization (a weight of 64k values: ~15 us of one thread's work)
+TEAM_VALUES = 1 << 16
 
 
 def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -69,7 +98,11 @@ def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, 
     src = readonly(np.ascontiguousarray(x)).reshape(shape)
     loop = _dequantize_last if last else _dequantize
     if y.flags.c_contiguous:
-        loop(src, readonly(s), readonly(z), y.reshape(shape))
+        size = team.size() if x.size >= TEAM_VALUES and not last and intra_op_threads() > 1 else 1
+        if size > 1:  # a large weight at once (DequantGemm's, DequantConv's each run): shared over the team
+            _dequantize_team(src, readonly(s), readonly(z), y.reshape(shape), size)
+        else:
+            loop(src, readonly(s), readonly(z), y.reshape(shape))
         return y
     tmp = np.empty(shape, np.float32)  # a strided out: through a contiguous copy
     loop(src, readonly(s), readonly(z), tmp)
@@ -83,6 +116,8 @@ def _prepared(ctx: Any, axis: int) -> Any:
     one = readonly(np.zeros(1, np.float32))
     _dequantize(readonly(np.zeros((1, 1, 1), x_dtype)), one, one, np.zeros((1, 1, 1), np.float32))
     _dequantize_last(readonly(np.zeros((1, 1), x_dtype)), one, one, np.zeros((1, 1), np.float32))
+    if team.available():  # the team's driver too: compiled in a timed run, it would lose the core's timing
+        _dequantize_team(readonly(np.zeros((1, 1, 1), x_dtype)), one, one, np.zeros((1, 1, 1), np.float32), 1)
 
     def run(x, x_scale, x_zero_point=None, *, out=None):
         return dequantize(x, x_scale, x_zero_point, axis, out)
