@@ -183,6 +183,32 @@ def test_gemm_on_a_team_equals_it_without_and_matches_onnxruntime(monkeypatch, t
     np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("m,k,n,trans_b", [(1, 1280, 1000, 1), (8, 512, 300, 0)])
+def test_gemm_of_a_run_time_b_is_the_held_b_kernels_product(monkeypatch, m, k, n, trans_b):
+    """Gemm whose B comes with each run (DequantGemm's dequantized weight) runs linear.py's blocks on it
+    (`gemm_live`, its team driver too): the bits of the kernel for the same B held as a constant, whatever B the
+    run brings (a second B is used, not the first)."""
+    _needs_team()
+    monkeypatch.setenv("MINFER_TUNE", "0")  # the highest priority kernel: linear.py's
+    held = _gemm_model(m, k, n, trans_b, None, True)
+    w = numpy_helper.to_array(held.graph.initializer[0])
+    live = _gemm_model(m, k, n, trans_b, None, True)
+    del live.graph.initializer[0]
+    live.graph.input.append(tensor("w", list(w.shape)))
+    x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
+    session = minfer_core.InferenceSession(live, threads=2)
+    step = next(s for s in session.program.specs if "Gemm" in str(getattr(s.kernel, "op_type", "")))
+    assert step.kernel.fn is linear.gemm_live.fn
+    calls = _counted(monkeypatch, linear, "_on_team")
+    got = session.run(None, {"x": x, "w": w})[0]
+    assert calls, "the team driver never ran"
+    np.testing.assert_array_equal(got, minfer_core.InferenceSession(held, threads=2).run(None, {"x": x})[0])
+    negated = _gemm_model(m, k, n, trans_b, None, True)
+    negated.graph.initializer[0].CopyFrom(numpy_helper.from_array(-w, "w"))
+    np.testing.assert_array_equal(session.run(None, {"x": x, "w": -w})[0],
+                                  minfer_core.InferenceSession(negated, threads=2).run(None, {"x": x})[0])
+
+
 def _conv_model(c, m, hw, k, stride, activation, residual):
     rng = np.random.default_rng(0)
     w = (rng.standard_normal((m, c, k, k)) * 0.1).astype(np.float32)

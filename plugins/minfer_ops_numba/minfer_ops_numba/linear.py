@@ -88,20 +88,25 @@ def plan(m: int, n: int, k: int) -> np.ndarray:
     return np.array([[0, m, c, min(n, c + width)] for c in range(0, n, width)], np.int64)
 
 
-def _product(w: np.ndarray, transposed: bool, c: np.ndarray) -> Any:
-    """The run callable for y = a @ B (+ c) with B held as ``w`` ((N, K) when ``transposed``)."""
+def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tuple[int, int] | None = None) -> Any:
+    """The run callable for y = a @ B (+ c) with B held as ``held`` ((N, K) when ``transposed``), or, when it is
+    None, B given with each run, of ``shape`` (`gemm_live`)."""
     address = team.gemm_address()
-    k, n = (w.shape[1], w.shape[0]) if transposed else w.shape
+    shape = held.shape if held is not None else shape
+    k, n = (shape[1], shape[0]) if transposed else shape
     ldw = -k if transposed else n
     plans: dict[int, np.ndarray] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
-    warm = (address, readonly(np.zeros((1, k), np.float32)), w, ldw, np.zeros((1, n), np.float32), c, NOTHING,
+    stand_in = held if held is not None else readonly(np.zeros(shape, np.float32))  # not kept: warming only
+    warm = (address, readonly(np.zeros((1, k), np.float32)), stand_in, ldw, np.zeros((1, n), np.float32), c, NOTHING,
             plan(1, n, k)[:1])
     _blocks(*warm, 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
     if team.available():
         _on_team(*warm, 1, NONE, np.float32(0), np.float32(0))
+    del stand_in, warm
 
     def run(a, b=None, c_in=None, *, out=None, epilogue=None):
+        w = held if held is not None else readonly(np.ascontiguousarray(b, np.float32))
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
         a2, y2 = readonly(np.ascontiguousarray(a)).reshape(-1, k), y.reshape(-1, n)
         fused = team.PLAIN if epilogue is None else team.native(epilogue)
@@ -164,6 +169,18 @@ def _applies_gemm(ctx: Any, attrs: dict[str, Any]) -> bool:
     return _c_vector(ctx, n, float(attrs.get("beta", 1.0))) is not None
 
 
+def _applies_gemm_live(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """Gemm of a float32 A not transposed, a 2-D float32 B of static shape given with each run (minfer-passes'
+    DequantGemm dequantizes its 8-bit weight so), alpha 1 and C absent or one value a column."""
+    b = input_type(ctx, 1)
+    if _constant_b(ctx) is not None or b is None or b.dtype != F32 or b.shape is None or len(b.shape) != 2:
+        return False
+    if not b.is_static or not is_float32(ctx, 0, rank=2) or int(attrs.get("transA", 0)) or not team.gemm_address():
+        return False
+    n = b.shape[0] if int(attrs.get("transB", 0)) else b.shape[1]
+    return float(attrs.get("alpha", 1.0)) == 1.0 and _c_vector(ctx, n, float(attrs.get("beta", 1.0))) is not None
+
+
 @kernel("MatMul", since=1, priority=PRIORITY, prepare=True, out=True, views=False, packed=(1,), epilogue=True,
         applies=_applies_matmul)
 def matmul(ctx):
@@ -179,3 +196,11 @@ def gemm_7(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 - ONN
     w = b if alpha == 1.0 else b * np.asarray(alpha, np.float32)
     n = b.shape[0] if transB else b.shape[1]
     return _product(readonly(np.ascontiguousarray(w)), bool(transB), _c_vector(ctx, n, beta))
+
+
+@kernel("Gemm", since=7, priority=PRIORITY, prepare=True, out=True, views=False, packed=(2,), epilogue=True,
+        applies=_applies_gemm_live)
+def gemm_live(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 - ONNX attribute names
+    """Gemm-7 of a B given with each run (DequantGemm's dequantized weight), alpha 1: the same blocks as `gemm_7`."""
+    shape = tuple(input_type(ctx, 1).shape)
+    return _product(None, bool(transB), _c_vector(ctx, shape[0] if transB else shape[1], beta), shape)
