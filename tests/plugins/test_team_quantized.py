@@ -339,3 +339,26 @@ def test_dequantizing_a_large_weight_on_a_team_is_one_threads_result_bit_for_bit
         got = fn(x, scale, zero, out=np.empty(x.shape, np.float32))
     assert calls == [1] and np.unique(alone).size > 20
     assert got.tobytes() == alone.tobytes()
+
+
+def test_quantizing_a_large_input_on_a_team_is_one_threads_result(monkeypatch):
+    """A quantized conv's float input quantized to 8 bits over a native team (its product runs there next): one
+    thread's bytes, and the same count of NaN inputs."""
+    from minfer_ops_numba import qconv_gemm
+
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB)")
+    rng = np.random.default_rng(15)
+    x = (rng.standard_normal((1, 32, 60, 70)) * 3).astype(np.float32)
+    assert x.size >= qconv_gemm.TEAM_QUANTIZE
+    x.reshape(-1)[[5, 70000, 100000]] = np.nan
+    steps = (np.float32(0.03), np.float32(-128 - 3), np.float32(127 - 3))
+    qconv_gemm.compile_for(np.dtype(np.int8))
+    alone, bad = qconv_gemm.quantized(x, steps, np.dtype(np.int8), 3)
+    alone = alone.copy()  # thread scratch: the next call on this thread writes it again
+    qconv_gemm.quantized(np.full_like(x, 2.0), steps, np.dtype(np.int8), 3)  # other bytes in that scratch now
+    calls = _counted(monkeypatch, qconv_gemm, "_quantize_team")
+    with using_threads(2):
+        got, bad_team = qconv_gemm.quantized(x, steps, np.dtype(np.int8), 3)
+    assert calls == [1] and bad == bad_team == 3 and np.unique(alone).size > 20
+    assert got.tobytes() == alone.tobytes()
