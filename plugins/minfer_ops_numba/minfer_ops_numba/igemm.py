@@ -181,8 +181,7 @@ def warm(out_dtype: Any) -> None:
     scale = np.float32(1) if out.dtype == np.float32 else None
     requantize = (1.0, None) if out.dtype in EIGHT_BIT else None
     igemm(a, packed, out, scale=scale, requantize=requantize)
-    if team.available():
-        _ensure_kernels()
+    if team.available():  # (the call above made the IR kernels)
         g, h = readonly(np.zeros(1, np.int32)), readonly(np.zeros(1, np.int32))
         mode = 0 if scale is None and requantize is None else (1 if requantize is None else 2)
         ends = (np.float32(1), readonly(_NO_BIAS)) + _requantizing(requantize, out.dtype, 1) + _NO_CHAIN

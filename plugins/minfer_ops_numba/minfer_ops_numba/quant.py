@@ -88,23 +88,14 @@ def _requantize(src, dst, walk, m, a, params):  # pragma: no cover - compiled
 
 @jit(parallel=True)
 def _qdq_team(src, dst, walk, m, a, params, parts):  # pragma: no cover - compiled
-    """`_requantize` over a native team (team.py): the walk's channels in ``parts`` ranges, or, with one channel and
-    one outer run, its inner run in ``parts`` ranges; each range one team thread's (in place too: each range reads
-    its own elements before it writes them). The same operations on each value: the same bits."""
-    nc, s1, nl = walk[2], walk[3], walk[4]
-    by_channel = nc > 1
-    count = nc if by_channel else nl
+    """`_requantize` over a native team (team.py), in `_walk_part`'s ranges (in place too: each range reads its own
+    elements before it writes them). The same operations on each value: the same bits."""
     for t in prange(parts):
-        lo, hi = count * t // parts, count * (t + 1) // parts
-        if hi > lo:
-            part = walk.copy()
-            if by_channel:
-                part[2] = hi - lo
-                at = lo * s1
-                _requantize(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(a, lo, hi), params)
-            else:
-                part[4] = hi - lo
-                _requantize(src[lo:], dst[lo:], part, m, a, params)
+        part, lo, hi, at, by_channel = _walk_part(walk, t, parts)
+        if hi > lo and by_channel:
+            _requantize(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(a, lo, hi), params)
+        elif hi > lo:
+            _requantize(src[at:], dst[at:], part, m, a, params)
 
 
 def _channel_axis(shape: tuple[int, ...] | None, rank: int) -> int | None:
@@ -407,27 +398,33 @@ def _rq_part(v, c0, c1):  # pragma: no cover - compiled
     return v[c0:c1] if v.size > 1 else v[0 : v.size]
 
 
+@jit
+def _walk_part(walk, t, parts):  # pragma: no cover - compiled
+    """Range t of ``parts`` of a walk (n0, s0, nc, s1, nl, ...): of its channels when it has several, else (one
+    channel and one outer run) of its inner run: (the range's walk, lo, hi, its first element's offset, whether the
+    range is of channels: per-channel operands are sliced to it then)."""
+    nc, s1, nl = walk[2], walk[3], walk[4]
+    count = nc if nc > 1 else nl
+    lo, hi = count * t // parts, count * (t + 1) // parts
+    part = walk.copy()
+    if nc > 1:
+        part[2] = hi - lo
+        return part, lo, hi, lo * s1, True
+    part[4] = hi - lo
+    return part, lo, hi, lo, False
+
+
 @jit(parallel=True)
 def _rq_team(src, dst, walk, m, c, s, b, params, parts):  # pragma: no cover - compiled
-    """`_rq_rows` over a native team (team.py): the walk's channels in ``parts`` ranges, or, with one channel and
-    one outer run, its inner run in ``parts`` ranges; each range one team thread's. The same operations on each
-    value: the same bits. In this file: numba's cache of a function is checked against its own file only, and
-    this one compiles `_rq_rows` into itself."""
-    nc, s1, nl = walk[2], walk[3], walk[4]
-    by_channel = nc > 1
-    count = nc if by_channel else nl
+    """`_rq_rows` over a native team (team.py), in `_walk_part`'s ranges, each one team thread's. The same
+    operations on each value: the same bits."""
     for t in prange(parts):
-        lo, hi = count * t // parts, count * (t + 1) // parts
-        if hi > lo:
-            part = walk.copy()
-            if by_channel:
-                part[2] = hi - lo
-                at = lo * s1
-                _rq_rows(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(c, lo, hi), _rq_part(s, lo, hi),
-                         _rq_part(b, lo, hi), params)
-            else:
-                part[4] = hi - lo
-                _rq_rows(src[lo:], dst[lo:], part, m, c, s, b, params)
+        part, lo, hi, at, by_channel = _walk_part(walk, t, parts)
+        if hi > lo and by_channel:
+            _rq_rows(src[at:], dst[at:], part, _rq_part(m, lo, hi), _rq_part(c, lo, hi), _rq_part(s, lo, hi),
+                     _rq_part(b, lo, hi), params)
+        elif hi > lo:
+            _rq_rows(src[at:], dst[at:], part, m, c, s, b, params)
 
 
 # values from which a native team shares a Requantize call (~15 us of one thread's work; its hand-over ~1 us)
