@@ -16,7 +16,7 @@ import numpy as np
 from .errors import KernelError, MinferError, UnsupportedOpError
 from .graph import Graph, Node, implicit_inputs
 from .kernel import Kernel, KernelContext
-from .plan import Step, StepSpec
+from .plan import Step, Steps, StepSpec
 from .plugins import Registry, provider_hint
 from .runloop import StepFailure
 from .tensor import MapType, OptionalType, SequenceType, TensorType
@@ -42,9 +42,9 @@ class Program:
     graph_outputs: frozenset[int] = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        self.steps = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free)
-                      for sp, free in zip(self.specs, self.free_after)]
-        self.unfreed = [(sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs]
+        self.steps = Steps((sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, free)
+                           for sp, free in zip(self.specs, self.free_after))
+        self.unfreed = Steps((sp.fn, sp.ins, sp.outs[0] if sp.outs else 0, sp.outs, ()) for sp in self.specs)
         self.intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
         self.graph_outputs = frozenset(self.slots[n] for n in self.graph.outputs)
 

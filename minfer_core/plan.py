@@ -34,11 +34,18 @@ import numpy as np
 from .kernel import Kernel
 from .memory import AliasSets, ArenaPlan, Block, align, plan_arena
 from .tensor import TensorType
+from .tuning import settled
 
 # (callable, input slots, first output slot, all output slots, slots to drop after the step)
 Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
 
 Observed = tuple[tuple[int, ...], np.dtype]
+
+class Steps(list):  # type: ignore[type-arg]
+    """Steps not changed once made (a bound plan, a program's own): runloop.execute generates their function once."""
+
+    run: Callable[[list[Any]], None] | None = None
+
 
 # a Step whose callable may still await its arena buffer (see bind_buffers)
 PendingStep = tuple[Any, tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
@@ -251,10 +258,11 @@ def _finish(
 
 def _bound_step(spec: StepSpec, buffer_slot: int | None, free: tuple[int, ...],
                 joined: frozenset[tuple[int, int]]) -> PendingStep:
-    # the buffer itself is bound later (bind_buffers), once the arena exists
+    # the buffer itself is bound later (bind_buffers), once the arena exists; the plan follows a discovery run,
+    # which made each Choice's pick for these shapes
+    fn = settled(spec.fn)
     if buffer_slot is not None:
-        return (_OutMarker(spec.fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
-    fn = spec.fn
+        return (_OutMarker(fn, buffer_slot), spec.ins, spec.outs[0], spec.outs, free)
     every = len(spec.outs) * len(spec.ins)
     if spec.kernel.views is not False and len(joined) < every:
         # A step run without ``out=`` that may return views, where the plan did not join every output to
@@ -277,19 +285,18 @@ class _FreshOutputs:
     def __call__(self, *args: Any) -> Any:
         res = self.fn(*args)
         several = type(res) is tuple or type(res) is list
-        results = list(res) if several else [res]
-        copied = False
-        for j, r in enumerate(results):
-            if type(r) is not np.ndarray:
-                continue
-            for n, a in enumerate(args):
-                if type(a) is np.ndarray and (j, n) not in self.allowed and np.may_share_memory(r, a):
-                    results[j] = np.array(r, copy=True)
-                    copied = True
-                    break
-        if not copied:
+        copy = {j for j, n in shared_memory(res if several else (res,), args) if (j, n) not in self.allowed}
+        if not copy:
             return res
+        results = [np.array(r, copy=True) if j in copy else r for j, r in enumerate(res if several else (res,))]
         return tuple(results) if several else results[0]
+
+
+def shared_memory(results: Sequence[Any], args: Sequence[Any]) -> frozenset[tuple[int, int]]:
+    """(output index, input index) pairs whose memory overlaps: the output is a view of that input."""
+    return frozenset((j, n) for j, r in enumerate(results) if isinstance(r, np.ndarray)
+                     for n, a in enumerate(args) if isinstance(a, np.ndarray) and np.may_share_memory(r, a))
+
 
 
 @attrs.frozen
@@ -300,13 +307,13 @@ class _OutMarker:
     slot: int
 
 
-def bind_buffers(plan: Plan, arena: np.ndarray) -> list[Step]:
+def bind_buffers(plan: Plan, arena: np.ndarray) -> Steps:
     """The plan's run loop with each ``out=`` bound to its view into ``arena``."""
     views = {
         s: arena[off : off + _nbytes(shape, dtype)].view(dtype).reshape(shape)
         for s, (off, shape, dtype) in plan.buffers.items()
     }
-    bound: list[Step] = []
+    bound = Steps()
     for fn, ins, out0, outs, free in plan.steps:
         if isinstance(fn, _OutMarker):
             fn = functools.partial(fn.fn, out=views[fn.slot])

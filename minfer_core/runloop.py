@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import MinferError
 from .graph import Node
-from .plan import Step
+from .plan import Step, Steps, shared_memory
 
 
 class StepFailure(Exception):
@@ -33,24 +33,34 @@ def _fail(i: int, steps: Sequence[Step], vals: list[Any]) -> StepFailure:
     return StepFailure(i, [getattr(vals[s], "shape", None) for s in steps[i][1]])
 
 
-def execute(vals: list[Any], steps: Sequence[Step]) -> None:
-    """Run ``steps`` over the slot list ``vals`` (inputs and constants already in place)."""
-    i = 0
+def execute(vals: list[Any], steps: Steps) -> None:
+    """Run ``steps`` over the slot list ``vals`` (inputs and constants already in place), as one generated
+    function with a line per step (kept on ``steps``): ~0.2 us a step less than a loop over the tuples."""
+    run = steps.run = steps.run or _generate(steps)
     try:
-        for i, (fn, ins, out0, outs, free) in enumerate(steps):
-            res = fn(*[vals[s] for s in ins])
-            if type(res) is tuple or type(res) is list:
-                for slot, value in zip(outs, res):
-                    vals[slot] = value
-                vals[0] = None  # omitted outputs land in slot 0, which must stay None
-            else:
-                vals[out0] = res
-            for slot in free:
-                vals[slot] = None
+        run(vals)
     except MinferError:
         raise
-    except Exception as exc:
-        raise _fail(i, steps, vals) from exc
+    except Exception as exc:  # the failing step is the line of the generated function (the traceback's next frame)
+        raise _fail(exc.__traceback__.tb_next.tb_lineno - 2, steps, vals) from exc  # type: ignore[union-attr]
+
+
+def _generate(steps: Sequence[Step]) -> Callable[[list[Any]], None]:
+    env: dict[str, Any] = {"_put": _put}
+    lines = ["def run(v):"]
+    for i, (fn, ins, out0, outs, free) in enumerate(steps):
+        env[f"f{i}"] = fn  # a tuple or list result is several outputs (or one in a tuple), stored by `_put`
+        lines.append(f" r = f{i}({''.join(f'v[{s}], ' for s in ins)}); v[{out0}] = r if type(r) is not tuple and "
+                     f"type(r) is not list else _put(v, {outs}, r)" + "".join(f"; v[{s}] = None" for s in free))
+    exec(compile("\n".join(lines + [" return"]), "<minfer run loop>", "exec"), env)
+    return env["run"]  # type: ignore[no-any-return]
+
+
+def _put(vals: list[Any], outs: tuple[int, ...], res: Sequence[Any]) -> Any:
+    for slot, value in zip(outs, res):
+        vals[slot] = value
+    vals[0] = None  # omitted outputs land in slot 0, which must stay None
+    return vals[outs[0]] if outs else None
 
 
 def execute_watching(
@@ -80,12 +90,8 @@ def execute_watching(
                 if check is not None:
                     check(i, results)
                 seen.append(shared_memory(results, args))
-                for slot, value in zip(outs, results):
-                    if slot and isinstance(value, np.ndarray):
-                        observed[slot] = (value.shape, value.dtype)
-            for slot, value in zip(outs, results):
-                vals[slot] = value
-            vals[0] = None
+                observed.update((slot, (v.shape, v.dtype)) for slot, v in zip(outs, results) if slot and isinstance(v, np.ndarray))
+            _put(vals, outs, results)
             for slot in free:
                 vals[slot] = None
     except MinferError:
@@ -93,15 +99,3 @@ def execute_watching(
     except Exception as exc:
         raise _fail(i, steps, vals) from exc
     return seen
-
-
-def shared_memory(results: Sequence[Any], args: Sequence[Any]) -> frozenset[tuple[int, int]]:
-    """(output index, input index) pairs whose memory overlaps: the output is a view of that input."""
-    pairs = []
-    for j, r in enumerate(results):
-        if not isinstance(r, np.ndarray):
-            continue
-        for n, a in enumerate(args):
-            if isinstance(a, np.ndarray) and np.may_share_memory(r, a):
-                pairs.append((j, n))
-    return frozenset(pairs)

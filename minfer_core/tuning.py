@@ -153,6 +153,7 @@ class Choice:
         self.key, self.names, self.fns, self.static = key, names, fns, static  # static: one input shape ever
         self._chosen: dict[tuple[Any, ...], Callable[..., Any]] = {}
         self._prior: str | None = None  # the name the last new input shapes chose: the next ones' `choose` prior
+        self.last: Callable[..., Any] | None = None  # what the last call looked up ran: `settled`
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if len(self._chosen) == 1 and STEADY.get():  # one shape met (in first runs): skip the 1.6 us key
@@ -167,7 +168,16 @@ class Choice:
             self._prior = self.names[won]
             if self.static:  # no other shape will come: the losers' packed weights go (they held a second copy)
                 self.names, self.fns = [self.names[won]], [fn]  # (then `choose` has one name: no timing)
+        self.last = fn
         return fn(*args, **kwargs)
+
+
+def settled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A step's callable with its `Choice` (bare, or under a partial binding an epilogue) replaced by the candidate
+    the Choice's last call ran: a planned shape's steps call the chosen kernel directly (a look-up costs ~1 us)."""
+    inner = fn.func if type(fn) is functools.partial else fn
+    last = inner.last if type(inner) is Choice else None
+    return fn if last is None else last if inner is fn else functools.partial(last, *fn.args, **fn.keywords)
 
 
 def node_kernels(registry: Any, ctx: KernelContext, attributes: Mapping[str, Any], domain: str,

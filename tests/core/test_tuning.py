@@ -249,3 +249,47 @@ def test_the_stored_choices_are_read_at_build_not_in_a_first_run(cache, monkeypa
     Engine(model)
     (store,) = tuning._STORES.values()
     assert store.data == {"op|shape|a,b": "b"}
+
+
+def test_planned_runs_call_each_shapes_chosen_kernel_directly(monkeypatch, minfer_plugin):
+    """Once a shape is planned its step calls the kernel its Choice picked for that shape, with no Choice between:
+    each of two shapes keeps its own pick, also after the second shape's plan grew the arena and rebound the first's."""
+    from minfer_core import InferenceSession, hookimpl, kernel, op
+
+    calls = []
+
+    def make(name):
+        @kernel("Twice", domain="test.settle", views=False, applies=lambda ctx, attrs: True)
+        def twice(x):
+            calls.append((name, x.shape))
+            return x * 2
+        twice.fn.__qualname__ = name  # the candidates' names tell them apart
+        return twice
+
+    a, b = make("cand_a"), make("cand_b")
+
+    class Plugin:
+        @hookimpl
+        def register_ops(self, register):
+            register(op("Twice", domain="test.settle"))
+
+        @hookimpl
+        def register_kernels(self, register):
+            register(a)
+            register(b)
+
+    minfer_plugin(Plugin())
+    # the timing picks cand_b for the 2-row input, cand_a for the 3-row one
+    monkeypatch.setattr(tuning, "choose", lambda key, names, time_one, prior=None:
+                        [n.endswith("cand_b") for n in names].index("(2, 4)" in key))
+    nodes = [helper.make_node("Twice", ["x"], ["y"], domain="test.settle")]
+    model = make_model(nodes, [tensor("x", ["N", 4])], [tensor("y", ["N", 4])],
+                       extra_opsets=[helper.make_opsetid("test.settle", 1)])
+    sess = InferenceSession(model, passes="none", threads=None)
+    for rows in (2, 2, 3, 3, 2):  # first runs of each shape, then planned ones
+        x = np.full((rows, 4), rows, np.float32)
+        np.testing.assert_array_equal(sess.run(None, {"x": x})[0], 2 * x)
+    assert calls == [("cand_b", (2, 4))] * 2 + [("cand_a", (3, 4))] * 2 + [("cand_b", (2, 4))]
+    assert isinstance(sess.program.specs[0].fn, tuning.Choice)
+    picked = {sig[0][0][0]: steps[0][0] for sig, steps in sess.executor.plans.bound.items()}
+    assert picked == {2: b.fn, 3: a.fn}

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from onnx import helper
+from onnx import TensorProto, helper
 
 from modelkit import make_model, tensor
 from minfer_core import InferenceSession, KernelError, hookimpl
@@ -66,6 +66,21 @@ def test_kernel_failures_name_the_node_and_shapes():
     sess = InferenceSession(model)
     with pytest.raises(KernelError, match=r"node 'mm' \(MatMul\) failed on input shapes \[\(2, 3\), \(4, 2\)\]"):
         sess.run(None, {"a": np.ones((2, 3), np.float32), "b": np.ones((4, 2), np.float32)})
+
+
+def test_a_failure_in_a_planned_run_names_its_node():
+    """In the runs after a shape's first (the generated run loop over the bound plan) a failing step is still
+    named: the middle one of three, with its input shapes, not its neighbours."""
+    nodes = [helper.make_node("Relu", ["x"], ["h"], name="relu"),
+             helper.make_node("Gather", ["h", "i"], ["g"], name="gather", axis=0),
+             helper.make_node("Neg", ["g"], ["y"], name="neg")]
+    model = make_model(nodes, [tensor("x", [4, 3]), tensor("i", [2], TensorProto.INT64)], [tensor("y", [2, 3])])
+    sess = InferenceSession(model, passes="basic")
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    for _ in range(2):
+        np.testing.assert_array_equal(sess.run(None, {"x": x, "i": np.array([3, 0])})[0], -x[[3, 0]])
+    with pytest.raises(KernelError, match=r"node 'gather' \(Gather\) failed on input shapes \[\(4, 3\), \(2,\)\]"):
+        sess.run(None, {"x": x, "i": np.array([7, 0])})
 
 
 def test_threads_apply_during_runs_only():
