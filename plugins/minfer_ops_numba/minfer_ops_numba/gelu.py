@@ -48,31 +48,36 @@ LINE = 16  # elements per cache line: a team's shares start on one, so that no l
 
 
 @jit
+def gelu_value(v):  # pragma: no cover - compiled
+    """GELU of one float32 element; NaN stays NaN (a loop calling it vectorizes: LLVM inlines it)."""
+    t = abs(v)
+    t = t if (t <= _T_MAX or t != t) else _T_MAX  # np.minimum: NaN kept
+    p = t * _G5
+    p = (p + _G4) * t
+    p = (p + _G3) * t
+    p = (p + _G2) * t
+    p = (p + _G1) * t
+    p = (p + _G0) * t
+    # e = exp(p), p <= 0 (elementwise.py's exp, inlined)
+    a = _EXP_HI if p > _EXP_HI else (_EXP_LO if p < _EXP_LO else (p if p == p else _ZERO))
+    n = np.floor(a * _L2E + _HALF)
+    r = a - n * _LN2HI
+    r = r - n * _LN2LO
+    e = (((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5) * (r * r)
+    e = e + r + _ONE
+    e = e * _POW2[uintp(np.int32(n) + 151)]
+    e = e if p == p else p
+    e = e * t
+    e = e * _HALF
+    m = v if (v >= _ZERO or v != v) else _ZERO  # np.maximum(x, 0): NaN kept
+    return m - e
+
+
+@jit
 def _gelu(x, y, lo, hi):  # pragma: no cover - compiled
-    """y = GELU(x) over flat elements lo..hi (y may be x); NaN stays NaN."""
+    """y = GELU(x) over flat elements lo..hi (y may be x: then unvectorized, see `_span`)."""
     for i in range(lo, hi):
-        v = x[uintp(i)]
-        t = abs(v)
-        t = t if (t <= _T_MAX or t != t) else _T_MAX  # np.minimum: NaN kept
-        p = t * _G5
-        p = (p + _G4) * t
-        p = (p + _G3) * t
-        p = (p + _G2) * t
-        p = (p + _G1) * t
-        p = (p + _G0) * t
-        # e = exp(p), p <= 0 (elementwise.py's exp, inlined)
-        a = _EXP_HI if p > _EXP_HI else (_EXP_LO if p < _EXP_LO else (p if p == p else _ZERO))
-        n = np.floor(a * _L2E + _HALF)
-        r = a - n * _LN2HI
-        r = r - n * _LN2LO
-        e = (((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5) * (r * r)
-        e = e + r + _ONE
-        e = e * _POW2[uintp(np.int32(n) + 151)]
-        e = e if p == p else p
-        e = e * t
-        e = e * _HALF
-        m = v if (v >= _ZERO or v != v) else _ZERO  # np.maximum(x, 0): NaN kept
-        y[uintp(i)] = m - e
+        y[uintp(i)] = gelu_value(x[uintp(i)])
 
 
 @jit(parallel=True)

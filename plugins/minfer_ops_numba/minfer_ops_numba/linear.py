@@ -23,7 +23,8 @@ from minfer_core import kernel, parallel_for
 from . import team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
 from .activation import _value  # noqa: F401 (compiled code calls it)
-from .team import NONE, NOTHING, prange
+from .gelu import gelu_value  # noqa: F401 (compiled code calls it)
+from .team import _FORMS, NONE, NOTHING, prange
 
 SPLIT_MACS = 1 << 17  # below this many multiply-adds (a few microseconds) one thread computes the product
 BLOCK_MACS = 1 << 18  # a block's least work when a product is cut (a team thread takes whole runs of blocks)
@@ -35,17 +36,23 @@ ROWS = 32  # at most this many rows: B's columns are shared (every row share wou
 # 1280x1000: 553 us in one call, 56 in calls of 256 columns, numpy's gemv 50; 8x2048 @ 2048x1000 B transposed
 # 1033 -> 260 us, B as given 391 -> 224), so few-row shares are cut so, in calls of 32 columns or more
 SMALL_CALL = 1 << 19
+# a block of A's rows repacks all of B in its BLAS call, a block of B's columns all of A: thin blocks pack more than
+# they multiply (the transformer block's 128x256 @ 256x1024, one thread: 8 blocks of 16 rows 597 us, 2 of 64 257,
+# one call 216), so blocks of rows are 64 or more, of columns (past ROWS rows) 128 or more, and the product is cut
+# along the longer side, which repacks the smaller operand (the block at b1, 2 threads: 0.93 -> 0.83 ms a run)
+MIN_ROWS, MIN_COLUMNS = 64, 128
+GELU = 100  # `_blocks`' op for minfer-passes' ai.minfer::Gelu (activation.py's ops are 0-3)
+FUSED = "FusedMatMulBias"  # minfer-passes' ai.minfer op: MatMul by a constant, + bias, [+ residual], [activation]
 
 
 @jit
-def _blocks(address, a, w, ldw, y, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
+def _blocks(address, a, w, ldw, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
     """For blocks lo..hi, each (r0, r1, c0, c1): y[r0:r1, c0:c1] = a[r0:r1] @ B[:, c0:c1] in one BLAS call, then
     + c (a column's value, when c has elements), + z (the residual, flat like y, when it has elements) and the
     activation ``op`` there. B is ``w`` (K, N), or (N, K) read transposed when ``ldw`` < 0 (cblas' transB)."""
-    k, n = a.shape[1], y.shape[1]
-    a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
-    yf = y.reshape(-1)
-    has_c, has_z, act = c.size > 0, z.size > 0, op != NONE
+    k = a.shape[1]  # y flat, n columns: a reshape here left GELU's write-out unvectorized (its table read)
+    a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(yf.ctypes.data)
+    has_c, has_z, act, gelu = c.size > 0, z.size > 0, op != NONE and op != GELU, op == GELU
     for b in range(lo, hi):
         r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
         gemm(address, r1 - r0, c1 - c0, k, a0 + 4 * r0 * k, k, w0 + 4 * c0 * (k if ldw < 0 else 1), ldw,
@@ -60,37 +67,44 @@ def _blocks(address, a, w, ldw, y, c, z, blocks, lo, hi, op, p, q):  # pragma: n
                     v = v + z[uintp(at + j)]
                 if act:
                     v = _value(v, op, p, q)
+                elif gelu:  # the Gelu kernel's formula (its bits), in the same pass
+                    v = gelu_value(v)
                 yf[uintp(at + j)] = v
 
 
 @jit(parallel=True)
-def _on_team(address, a, w, ldw, y, c, z, blocks, parts, op, p, q):  # pragma: no cover - compiled
+def _on_team(address, a, w, ldw, yf, n, c, z, blocks, parts, op, p, q):  # pragma: no cover - compiled
     """`_blocks` in ``parts`` contiguous runs of blocks, one a team thread."""
     count = blocks.shape[0]
     for t in prange(parts):
-        _blocks(address, a, w, ldw, y, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
+        _blocks(address, a, w, ldw, yf, n, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
 
 
 def plan(m: int, n: int, k: int) -> np.ndarray:
     """The product's blocks (r0, r1, c0, c1), from its shape alone: any thread count computes the same BLAS
     calls, so the same bits (docs/kernel-contract.md). Up to ROWS rows: B's columns, in calls OpenBLAS takes with
-    its small-matrix kernel where those are 32 columns or more; more rows: A's rows. One block below SPLIT_MACS,
-    else 2 to MAX_BLOCKS of about BLOCK_MACS multiply-adds or more, so that threads have shares to take."""
+    its small-matrix kernel where those are 32 columns or more; more rows: along the longer side, A's rows (MIN_ROWS
+    or more a block) or B's columns (MIN_COLUMNS or more), in two blocks at least. One block below SPLIT_MACS, else
+    2 to MAX_BLOCKS of about BLOCK_MACS multiply-adds or more, so that threads have shares to take."""
     work = m * n * k
     count = 1 if work < SPLIT_MACS else max(2, min(MAX_BLOCKS, work // BLOCK_MACS))
-    if m > ROWS:
-        height = -(-m // count)
+    if m > ROWS and m > n:  # cut along the longer side: a block of rows repacks B, a block of columns A
+        height = -(-m // min(count, max(2, m // MIN_ROWS)))
         return np.array([[r, min(m, r + height), 0, n] for r in range(0, m, height)], np.int64)
+    if m > ROWS:
+        count = min(count, max(2, n // MIN_COLUMNS))
     width = -(-n // (count * COLUMN_BLOCK)) * COLUMN_BLOCK
     small = SMALL_CALL // (m * k) // COLUMN_BLOCK * COLUMN_BLOCK
-    if small >= 2 * COLUMN_BLOCK:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
+    if small >= 2 * COLUMN_BLOCK and m <= ROWS:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
         width = min(width, small)
     return np.array([[0, m, c, min(n, c + width)] for c in range(0, n, width)], np.int64)
 
 
-def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tuple[int, int] | None = None) -> Any:
+def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tuple[int, int] | None = None,
+             act: tuple[int, np.float32, np.float32] | None = None) -> Any:
     """The run callable for y = a @ B (+ c) with B held as ``held`` ((N, K) when ``transposed``), or, when it is
-    None, B given with each run, of ``shape`` (`gemm_live`)."""
+    None, B given with each run, of ``shape`` (`gemm_live`). With ``act`` (op, p, q) the activation is the
+    node's own (FusedMatMulBias: its residual is the fourth input), not an epilogue's."""
     address = team.gemm_address()
     shape = held.shape if held is not None else shape
     k, n = (shape[1], shape[0]) if transposed else shape
@@ -98,18 +112,21 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     plans: dict[int, np.ndarray] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
     stand_in = held if held is not None else readonly(np.zeros(shape, np.float32))  # not kept: warming only
-    warm = (address, readonly(np.zeros((1, k), np.float32)), stand_in, ldw, np.zeros((1, n), np.float32), c, NOTHING,
+    warm = (address, readonly(np.zeros((1, k), np.float32)), stand_in, ldw, np.zeros(n, np.float32), n, c, NOTHING,
             plan(1, n, k)[:1])
     _blocks(*warm, 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
     if team.available():
         _on_team(*warm, 1, NONE, np.float32(0), np.float32(0))
     del stand_in, warm
 
-    def run(a, b=None, c_in=None, *, out=None, epilogue=None):
+    def run(a, b=None, c_in=None, z_in=None, *, out=None, epilogue=None):
         w = held if held is not None else readonly(np.ascontiguousarray(b, np.float32))
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
-        a2, y2 = readonly(np.ascontiguousarray(a)).reshape(-1, k), y.reshape(-1, n)
-        fused = team.PLAIN if epilogue is None else team.native(epilogue)
+        a2, yf = readonly(np.ascontiguousarray(a)).reshape(-1, k), y.reshape(-1)
+        if act is not None:
+            fused = (*act, None if z_in is None else np.ascontiguousarray(z_in))
+        else:
+            fused = team.PLAIN if epilogue is None else team.native(epilogue)
         if fused is not None and not team.fits(fused[3], y.shape):
             fused = None  # the epilogue as it is given, once the product (and C) is done
         op, p, q, z = team.PLAIN if fused is None else fused
@@ -120,12 +137,12 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
         blocks = plans[m]
         size = team.size() if len(blocks) > 1 else 1
         if size > 1:
-            _on_team(address, a2, w, ldw, y2, c, zf, blocks, min(size, len(blocks)), op, p, q)
+            _on_team(address, a2, w, ldw, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q)
         elif len(blocks) == 1:  # one BLAS call (a small product): parallel_for would make it here, after ~0.5 us
-            _blocks(address, a2, w, ldw, y2, c, zf, blocks, 0, 1, op, p, q)
+            _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, 0, 1, op, p, q)
         else:
             # the same blocks on the pool's threads (claims refused, a process team) or this one
-            parallel_for(len(blocks), lambda lo, hi: _blocks(address, a2, w, ldw, y2, c, zf, blocks, lo, hi, op, p, q),
+            parallel_for(len(blocks), lambda lo, hi: _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, lo, hi, op, p, q),
                          parts=None if len(blocks) > 1 else 1)
         if fused is None:
             epilogue(y, (slice(None),) * y.ndim)
@@ -179,6 +196,41 @@ def _applies_gemm_live(ctx: Any, attrs: dict[str, Any]) -> bool:
         return False
     n = b.shape[0] if int(attrs.get("transB", 0)) else b.shape[1]
     return float(attrs.get("alpha", 1.0)) == 1.0 and _c_vector(ctx, n, float(attrs.get("beta", 1.0))) is not None
+
+
+def _bias(ctx: Any, n: int) -> np.ndarray | None:
+    """FusedMatMulBias's C as one value a column, None unless a float32 constant of N elements along the last axis."""
+    c = ctx.constants[2] if len(ctx.constants) > 2 else None
+    if c is None or c.dtype != np.float32 or c.ndim < 1 or c.shape[-1] != n or c.size != n:
+        return None
+    return readonly(np.ascontiguousarray(c.reshape(-1)))
+
+
+def _activation(attrs: dict[str, Any]) -> tuple[int, np.float32, np.float32] | None:
+    """FusedMatMulBias's activation as `_blocks`' (op, p, q), None when it has no compiled form here."""
+    name, params = attrs.get("activation", ""), [float(v) for v in attrs.get("activation_params", None) or []]
+    form = _FORMS.get(name)
+    made = (GELU, 0.0, 0.0) if name == "Gelu" else form(params) if form is not None else None
+    return None if made is None else (made[0], np.float32(made[1]), np.float32(made[2]))
+
+
+def _applies_fused(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A float32 A times a constant 2-D float32 W, C one value a column, a float32 residual if any, and an
+    activation with a compiled form (none, Relu, Clip, LeakyRelu, HardSigmoid, HardSwish, Gelu)."""
+    b = _constant_b(ctx)
+    z = input_type(ctx, 3) if len(ctx.input_types) > 3 else None
+    return (_applies_matmul(ctx, attrs) and _bias(ctx, b.shape[1]) is not None and _activation(attrs) is not None
+            and (len(ctx.input_types) < 4 or (z is not None and z.dtype == F32)))
+
+
+@kernel(FUSED, domain="ai.minfer", since=1, priority=PRIORITY, prepare=True, out=True, views=False, packed=(1, 2),
+        applies=_applies_fused)
+def fused_matmul_bias(ctx, *, activation="", activation_params=None):
+    """ai.minfer::FusedMatMulBias-1: its bias, residual and activation (GELU too) in each block's compiled
+    write-out, while the block is in cache, instead of numpy passes over the whole output after the product."""
+    w = readonly(np.ascontiguousarray(_constant_b(ctx)))
+    act = _activation({"activation": activation, "activation_params": activation_params})
+    return _product(w, False, _bias(ctx, w.shape[1]), act=act)
 
 
 @kernel("MatMul", since=1, priority=PRIORITY, prepare=True, out=True, views=False, packed=(1,), epilogue=True,

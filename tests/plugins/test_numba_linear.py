@@ -1,0 +1,114 @@
+"""minfer-ops-numba's FusedMatMulBias (linear.py): bias, residual and activation in each block's write-out.
+
+Its product is linear.py's MatMul (the same blocks, so the same BLAS calls) and its epilogue the same float32
+operations in minfer-passes' order, so it gives the bits of minfer-passes' kernel running on that MatMul; the
+blocks come from the product's shape alone (tests/plugins/test_team.py checks a team's bits against one thread).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from onnx import helper, numpy_helper
+
+import minfer_core
+from minfer_core import tuning
+
+pytest.importorskip("numba")
+from minfer_ops_numba import linear, team  # noqa: E402
+
+from modelkit import make_model, ort_run, tensor  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("numba_plugin")
+
+K, N = 64, 96
+
+
+def _model(activation: str, residual: bool):
+    """x [B, 128, K] @ w + b (+ r) (+ activation) as an exporter writes it; B symbolic, so the node keeps both
+    kernels (a node of one static shape drops the one not chosen)."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((K, N)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal(N).astype(np.float32), "b"),
+             numpy_helper.from_array(np.asarray(math.sqrt(2), np.float32), "r2"),
+             numpy_helper.from_array(np.asarray(1.0, np.float32), "one"),
+             numpy_helper.from_array(np.asarray(0.5, np.float32), "half")]
+    n = helper.make_node
+    nodes, last = [n("MatMul", ["x", "w"], ["m"]), n("Add", ["m", "b"], ["h"])], "h"
+    inputs = [tensor("x", ["B", 128, K])]
+    if residual:
+        nodes.append(n("Add", ["h", "r"], ["hr"]))
+        inputs.append(tensor("r", ["B", 128, N]))
+        last = "hr"
+    if activation == "Gelu":
+        nodes += [n("Div", [last, "r2"], ["g0"]), n("Erf", ["g0"], ["g1"]), n("Add", ["g1", "one"], ["g2"]),
+                  n("Mul", [last, "g2"], ["g3"]), n("Mul", ["g3", "half"], ["y"])]
+    elif activation:
+        nodes.append(n(activation, [last], ["y"]))
+    else:
+        nodes.append(n("Identity", [last], ["y"]))
+    return make_model(nodes, inputs, [tensor("y", ["B", 128, N])], inits, opset=17)
+
+
+@pytest.mark.parametrize("activation", ["", "Relu", "HardSwish", "Gelu"])
+@pytest.mark.parametrize("residual", [False, True])
+def test_the_compiled_epilogue_gives_minfer_passes_bits(monkeypatch, activation, residual):
+    """The numba kernel and minfer-passes' kernel, both candidates of the fused node, give the same bits on the
+    same inputs, with one thread and with two, and the session matches onnxruntime."""
+    monkeypatch.setattr(tuning, "choose", lambda key, names, time_one, prior=None: 0)  # no timing: the first
+    model = _model(activation, residual)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 128, K)).astype(np.float32)}
+    if residual:
+        feeds["r"] = rng.standard_normal((2, 128, N)).astype(np.float32)
+    for threads in (1, 2):
+        session = minfer_core.InferenceSession(model, threads=threads)
+        (step,) = [s for s in session.program.specs if s.kernel.op_type == linear.FUSED]
+        names = [name.split(":")[1] for name in step.fn.names]
+        assert names == ["minfer_ops_numba.linear.fused_matmul_bias", "minfer_passes.linear.fused_matmul_bias"]
+        got = session.run(None, feeds)[0]
+        np.testing.assert_allclose(got, ort_run(model, feeds)[0], rtol=1e-5, atol=1e-5)
+        args = [feeds.get(name, session.program.template[slot]) if name else None
+                for name, slot in zip(session.program.step_nodes[session.program.specs.index(step)].inputs, step.ins)]
+        with minfer_core.parallel.using_threads(threads):
+            ours, theirs = (np.array(fn(*args)) for fn in step.fn.fns)
+        np.testing.assert_array_equal(ours, theirs)
+        np.testing.assert_array_equal(got, ours)
+
+
+@pytest.mark.parametrize("m,n,k", [(128, 256, 256), (128, 1024, 256), (1024, 256, 256), (100, 200, 96)])
+def test_blocks_cut_the_longer_side_in_blocks_that_pack_little(m, n, k):
+    """Past 32 rows a product is cut along its longer side (a block of rows repacks B, of columns A), in blocks of
+    at least 64 rows or 128 columns (two blocks at least), covering the output once."""
+    blocks = linear.plan(m, n, k)
+    cover = np.zeros((m, n), np.int64)
+    for r0, r1, c0, c1 in blocks:
+        cover[r0:r1, c0:c1] += 1
+    assert (cover == 1).all() and len(blocks) >= 2
+    rows = bool((blocks[:, 3] - blocks[:, 2] == n).all()) and len(blocks) > 1
+    assert rows == (m > n)
+    least = min((blocks[:, 1] - blocks[:, 0]) if rows else (blocks[:, 3] - blocks[:, 2]))
+    assert least >= min(linear.MIN_ROWS if rows else linear.MIN_COLUMNS, (m if rows else n) // 2 - 16)
+
+
+def test_gelu_in_the_write_out_is_the_gelu_kernels_formula():
+    """`_blocks` with the GELU op writes gelu.py's value of (product + bias) at every element, NaN kept."""
+    if not team.gemm_address():
+        pytest.skip("numpy's BLAS has no cblas_sgemm here: linear.py does not apply")
+    from minfer_ops_numba import gelu
+
+    rng = np.random.default_rng(2)
+    a = rng.standard_normal((40, 16)).astype(np.float32)
+    a[3, 5] = np.nan
+    w, c = rng.standard_normal((16, 48)).astype(np.float32), rng.standard_normal(48).astype(np.float32)
+    y, plain = np.empty(40 * 48, np.float32), np.empty(40 * 48, np.float32)
+    blocks = linear.plan(40, 48, 16)
+    for out, op in ((y, linear.GELU), (plain, team.NONE)):
+        linear._blocks(team.gemm_address(), a, w, 48, out, 48, c, team.NOTHING, blocks, 0, len(blocks), op,
+                       np.float32(0), np.float32(0))
+    expect = np.empty_like(plain)
+    gelu._gelu(plain, expect, 0, plain.size)
+    np.testing.assert_array_equal(y, expect)
+    assert np.isnan(y.reshape(40, 48)[3]).all()
