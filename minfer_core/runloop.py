@@ -53,7 +53,7 @@ def _generate(steps: Sequence[Step]) -> Callable[[list[Any]], None]:
         lines.append(f" r = f{i}({''.join(f'v[{s}], ' for s in ins)}); v[{out0}] = r if type(r) is not tuple and "
                      f"type(r) is not list else _put(v, {outs}, r)" + "".join(f"; v[{s}] = None" for s in free))
     exec(compile("\n".join(lines + [" return"]), "<minfer run loop>", "exec"), env)
-    return env["run"]  # type: ignore[no-any-return]
+    return env.pop("run")  # type: ignore[no-any-return]  # (kept in env, it would be a cycle: freed only by the gc)
 
 
 def _put(vals: list[Any], outs: tuple[int, ...], res: Sequence[Any]) -> Any:

@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from modelkit import make_model, tensor
 from minfer_core import InferenceSession, KernelError, hookimpl
@@ -81,6 +81,29 @@ def test_a_failure_in_a_planned_run_names_its_node():
         np.testing.assert_array_equal(sess.run(None, {"x": x, "i": np.array([3, 0])})[0], -x[[3, 0]])
     with pytest.raises(KernelError, match=r"node 'gather' \(Gather\) failed on input shapes \[\(4, 3\), \(2,\)\]"):
         sess.run(None, {"x": x, "i": np.array([7, 0])})
+
+
+def test_a_dropped_session_frees_its_arena_without_the_garbage_collector():
+    """The generated run loop holds the bound steps (and through their out= buffers the arena) but no reference
+    cycle: a session let go frees its memory at once, not at the next collection."""
+    import gc
+    import weakref
+
+    w = numpy_helper.from_array(np.eye(64, dtype=np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    model = make_model(nodes, [tensor("x", [64, 64])], [tensor("y", [64, 64])], [w])
+    sess = InferenceSession(model, passes="none", threads=None)
+    for _ in range(3):
+        sess.run(None, {"x": np.ones((64, 64), np.float32)})
+    arena = weakref.ref(sess.executor.plans.arena)
+    assert arena() is not None and arena().nbytes > 0
+    gc.disable()
+    try:
+        del sess
+        assert arena() is None
+    finally:
+        gc.enable()
 
 
 def test_threads_apply_during_runs_only():
