@@ -23,7 +23,7 @@ from minfer_core import kernel
 
 from . import team
 from ._jit import F32, PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
-from .rows import SHORT_ROW, TEAM_SPLIT_ELEMENTS, _exp, _row_max, _row_sum, _short_rows
+from .rows import SHORT_ROW, TEAM_SPLIT_ELEMENTS, _normalize, _row_max, _short_rows
 from .team import prange  # noqa: F401 (the driver's, compiled)
 
 OP = "MaskedSoftmax"
@@ -58,12 +58,7 @@ def _masked_rows(x, cond, crow, cstep, y, cols, r_lo, r_hi, op, s, fill):  # pra
         m = _row_max(y, o, cols)
         for k in range(cols):
             y[uintp(o + k)] = y[uintp(o + k)] - m
-    _exp(y, r_lo * cols, r_hi * cols)
-    for r in range(r_lo, r_hi):
-        o = r * cols
-        t = _row_sum(y, o, cols)
-        for k in range(cols):
-            y[uintp(o + k)] = y[uintp(o + k)] / t
+    _normalize(y, cols, r_lo, r_hi)
 
 
 @jit(parallel=True)

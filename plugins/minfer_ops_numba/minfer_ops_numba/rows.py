@@ -129,18 +129,29 @@ def _rows(x, y, cols, r_lo, r_hi, log):  # pragma: no cover - compiled
         m = _row_max(x, o, cols)
         for k in range(cols):
             y[uintp(o + k)] = x[uintp(o + k)] - m
+    if not log:
+        _normalize(y, cols, r_lo, r_hi)
+        return
     _exp(y, r_lo * cols, r_hi * cols)
     for r in range(r_lo, r_hi):
         o = r * cols
         s = _row_sum(y, o, cols)
-        if log:  # numpy's order: (x - m) - log(sum)
-            m = _row_max(x, o, cols)
-            shift = np.float32(np.log(s))
-            for k in range(cols):
-                y[uintp(o + k)] = (x[uintp(o + k)] - m) - shift
-        else:
-            for k in range(cols):
-                y[uintp(o + k)] = y[uintp(o + k)] / s
+        m = _row_max(x, o, cols)  # numpy's order: (x - m) - log(sum)
+        shift = np.float32(np.log(s))
+        for k in range(cols):
+            y[uintp(o + k)] = (x[uintp(o + k)] - m) - shift
+
+
+@jit
+def _normalize(y, cols, r_lo, r_hi):  # pragma: no cover - compiled
+    """The end of Softmax on rows r_lo..r_hi of y already shifted by their maximum: exp, then each row divided by
+    its sum, in place (one array: the loops vectorize)."""
+    _exp(y, r_lo * cols, r_hi * cols)
+    for r in range(r_lo, r_hi):
+        o = r * cols
+        s = _row_sum(y, o, cols)
+        for k in range(cols):
+            y[uintp(o + k)] = y[uintp(o + k)] / s
 
 
 @jit
