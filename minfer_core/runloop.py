@@ -17,7 +17,7 @@ import numpy as np
 
 from .errors import MinferError
 from .graph import Node
-from .plan import Step, Steps, shared_memory
+from .plan import Step, Steps, _put, generate, shared_memory
 
 
 class StepFailure(Exception):
@@ -36,7 +36,7 @@ def _fail(i: int, steps: Sequence[Step], vals: list[Any]) -> StepFailure:
 def execute(vals: list[Any], steps: Steps) -> None:
     """Run ``steps`` over the slot list ``vals`` (inputs and constants already in place), as one generated
     function with a line per step (kept on ``steps``): ~0.2 us a step less than a loop over the tuples."""
-    run = steps.run = steps.run or _generate(steps)
+    run = steps.run = steps.run or generate(steps)
     try:
         run(vals)
     except MinferError:
@@ -45,32 +45,9 @@ def execute(vals: list[Any], steps: Steps) -> None:
         raise _fail(exc.__traceback__.tb_next.tb_lineno - 2, steps, vals) from exc  # type: ignore[union-attr]
 
 
-def _generate(steps: Sequence[Step]) -> Callable[[list[Any]], None]:
-    env: dict[str, Any] = {"_put": _put}
-    lines = ["def run(v):"]
-    for i, (fn, ins, out0, outs, free) in enumerate(steps):
-        env[f"f{i}"] = fn  # a tuple or list result is several outputs (or one in a tuple), stored by `_put`
-        lines.append(f" r = f{i}({''.join(f'v[{s}], ' for s in ins)}); v[{out0}] = r if type(r) is not tuple and "
-                     f"type(r) is not list else _put(v, {outs}, r)" + "".join(f"; v[{s}] = None" for s in free))
-    exec(compile("\n".join(lines + [" return"]), "<minfer run loop>", "exec"), env)
-    return env.pop("run")  # type: ignore[no-any-return]  # (kept in env, it would be a cycle: freed only by the gc)
-
-
-def _put(vals: list[Any], outs: tuple[int, ...], res: Sequence[Any]) -> Any:
-    for slot, value in zip(outs, res):
-        vals[slot] = value
-    vals[0] = None  # omitted outputs land in slot 0, which must stay None
-    return vals[outs[0]] if outs else None
-
-
-def execute_watching(
-    vals: list[Any],
-    steps: Sequence[Step],
-    nodes: Sequence[Node],
-    observers: Sequence[Any],
-    observed: dict[int, tuple[tuple[int, ...], np.dtype]] | None,
-    check: Callable[[int, Sequence[Any]], None] | None = None,
-) -> list[frozenset[tuple[int, int]]]:
+def execute_watching(vals: list[Any], steps: Sequence[Step], nodes: Sequence[Node], observers: Sequence[Any],
+                     observed: dict[int, tuple[tuple[int, ...], np.dtype]] | None,
+                     check: Callable[[int, Sequence[Any]], None] | None = None) -> list[frozenset[tuple[int, int]]]:
     """The observed loop; with ``observed``, the discovery loop that also records each output's
     shape (into ``observed``) and which inputs it shares memory with (returned per step), after
     ``check(step, results)`` (which raises for a result its kernel should not have returned)."""
