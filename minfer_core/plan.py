@@ -41,6 +41,7 @@ Step = tuple[Callable[..., Any], tuple[int, ...], int, tuple[int, ...], tuple[in
 
 Observed = tuple[tuple[int, ...], np.dtype]
 
+
 class Steps(list):  # type: ignore[type-arg]
     """Steps not changed once made (a bound plan, a program's own): runloop.execute generates their function once."""
 
@@ -285,18 +286,18 @@ class _FreshOutputs:
     def __call__(self, *args: Any) -> Any:
         res = self.fn(*args)
         several = type(res) is tuple or type(res) is list
-        copy = {j for j, n in shared_memory(res if several else (res,), args) if (j, n) not in self.allowed}
+        results = res if several else (res,)
+        copy = {j for j, n in shared_memory(results, args) if (j, n) not in self.allowed}
         if not copy:
             return res
-        results = [np.array(r, copy=True) if j in copy else r for j, r in enumerate(res if several else (res,))]
-        return tuple(results) if several else results[0]
+        fresh = [np.array(r, copy=True) if j in copy else r for j, r in enumerate(results)]
+        return tuple(fresh) if several else fresh[0]
 
 
 def shared_memory(results: Sequence[Any], args: Sequence[Any]) -> frozenset[tuple[int, int]]:
     """(output index, input index) pairs whose memory overlaps: the output is a view of that input."""
     return frozenset((j, n) for j, r in enumerate(results) if isinstance(r, np.ndarray)
                      for n, a in enumerate(args) if isinstance(a, np.ndarray) and np.may_share_memory(r, a))
-
 
 
 @attrs.frozen

@@ -24,7 +24,7 @@ from . import team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
 from .activation import _value  # noqa: F401 (compiled code calls it)
 from .gelu import gelu_value  # noqa: F401 (compiled code calls it)
-from .team import _FORMS, NONE, NOTHING, prange
+from .team import NONE, NOTHING, prange
 
 SPLIT_MACS = 1 << 17  # below this many multiply-adds (a few microseconds) one thread computes the product
 BLOCK_MACS = 1 << 18  # a block's least work when a product is cut (a team thread takes whole runs of blocks)
@@ -206,12 +206,11 @@ def _bias(ctx: Any, n: int) -> np.ndarray | None:
     return readonly(np.ascontiguousarray(c.reshape(-1)))
 
 
-def _activation(attrs: dict[str, Any]) -> tuple[int, np.float32, np.float32] | None:
+def _activation(name: str, params: Any) -> tuple[int, np.float32, np.float32] | None:
     """FusedMatMulBias's activation as `_blocks`' (op, p, q), None when it has no compiled form here."""
-    name, params = attrs.get("activation", ""), [float(v) for v in attrs.get("activation_params", None) or []]
-    form = _FORMS.get(name)
-    made = (GELU, 0.0, 0.0) if name == "Gelu" else form(params) if form is not None else None
-    return None if made is None else (made[0], np.float32(made[1]), np.float32(made[2]))
+    if name == "Gelu":
+        return GELU, np.float32(0), np.float32(0)
+    return team.activation_form(name, tuple(float(v) for v in params or ()))
 
 
 def _applies_fused(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -219,7 +218,8 @@ def _applies_fused(ctx: Any, attrs: dict[str, Any]) -> bool:
     activation with a compiled form (none, Relu, Clip, LeakyRelu, HardSigmoid, HardSwish, Gelu)."""
     b = _constant_b(ctx)
     z = input_type(ctx, 3) if len(ctx.input_types) > 3 else None
-    return (_applies_matmul(ctx, attrs) and _bias(ctx, b.shape[1]) is not None and _activation(attrs) is not None
+    act = _activation(attrs.get("activation", ""), attrs.get("activation_params"))
+    return (_applies_matmul(ctx, attrs) and _bias(ctx, b.shape[1]) is not None and act is not None
             and (len(ctx.input_types) < 4 or (z is not None and z.dtype == F32)))
 
 
@@ -229,7 +229,7 @@ def fused_matmul_bias(ctx, *, activation="", activation_params=None):
     """ai.minfer::FusedMatMulBias-1: its bias, residual and activation (GELU too) in each block's compiled
     write-out, while the block is in cache, instead of numpy passes over the whole output after the product."""
     w = readonly(np.ascontiguousarray(_constant_b(ctx)))
-    act = _activation({"activation": activation, "activation_params": activation_params})
+    act = _activation(activation, activation_params)
     return _product(w, False, _bias(ctx, w.shape[1]), act=act)
 
 

@@ -101,19 +101,23 @@ def masked_softmax(ctx, *, op="", scalar=None, fill=None):
         _drive(*warm, 1, code, s, f, 1)
     tables: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[np.ndarray, int]] = {}
 
+    def table(shape: tuple[int, ...], cond_shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
+        """`_mask_rows` for these shapes, made (and the shapes checked) once."""
+        found = tables.get((shape, cond_shape))
+        if found is None:
+            if np.broadcast_shapes(shape, cond_shape) != shape:
+                raise ValueError(f"{OP}: the mask {cond_shape} would broadcast the scores {shape} larger")
+            empty = 0 in shape  # no rows to read a mask for
+            found = tables[(shape, cond_shape)] = (NO_ROWS, 0) if empty else _mask_rows(shape, cond_shape)
+        return found
+
     def run(x, cond=None, *, out=None):
-        if cond is not None and np.broadcast_shapes(x.shape, cond.shape) != x.shape:
-            raise ValueError(f"{OP}: the mask {cond.shape} would broadcast the scores {x.shape} larger")
+        crow, cstep = (NO_ROWS, 0) if cond is None else table(x.shape, cond.shape)
         y = out if out is not None and out.flags.c_contiguous else np.empty(x.shape, F32)
         if x.size:
             cols = x.shape[-1]
             rows = x.size // cols
-            if cond is None:
-                mask, crow, cstep = NO_MASK, NO_ROWS, 0
-            else:
-                key = (x.shape, cond.shape)
-                crow, cstep = tables.get(key) or tables.setdefault(key, _mask_rows(x.shape, cond.shape))
-                mask = readonly(np.ascontiguousarray(cond)).reshape(-1)
+            mask = NO_MASK if cond is None else readonly(np.ascontiguousarray(cond)).reshape(-1)
             flat = readonly(np.ascontiguousarray(x)).reshape(-1)
             size = team.size() if rows > 1 and x.size >= TEAM_SPLIT_ELEMENTS else 1
             if size > 1:

@@ -228,15 +228,21 @@ def native(epilogue: Any) -> tuple[int, np.float32, np.float32, np.ndarray | Non
     if spec is None:
         return None
     activation, params, residual = spec
+    found = activation_form(activation, params)
+    if found is None or (residual is not None and residual.dtype != np.float32):
+        return None
+    return (*found, residual)
+
+
+def activation_form(activation: str, params: tuple[float, ...]) -> tuple[int, np.float32, np.float32] | None:
+    """`finish`'s (op, a, b) for a fused op's activation and parameters, None when it has no compiled form here."""
     found = _NATIVE.get((activation, params))
-    if found is None:  # once per activation and parameters: this runs on every fused node's every call
+    if found is None:  # once per activation and parameters: `native` runs on every fused node's every call
         form = _FORMS.get(activation)
         made = form(list(params)) if form is not None else None
         found = _NATIVE[(activation, params)] = () if made is None else (made[0], np.float32(made[1]),
                                                                          np.float32(made[2]))
-    if not found or (residual is not None and residual.dtype != np.float32):
-        return None
-    return (*found, residual)
+    return found or None
 
 
 PLAIN = (NONE, np.float32(0), np.float32(0), None)  # `native`'s answer for no epilogue at all
