@@ -1,0 +1,379 @@
+"""ai.minfer::FloatQLinearConv when depthwise: the input's quantization, the taps and the epilogue in one pass a plane.
+
+minfer-ops-conv's kernel runs a quantized depthwise conv as three passes over memory: the input quantized into
+scratch (QuantizeLinear's division, clip and rint, less the zero point, as float32), the registered float Conv
+kernel on it (the centered 8-bit weights held as float32), then the compiled Requantize over the whole output
+(MobileNetV2 QDQ, per node: the quantization 15-20% of its time, the Requantize 25-35%). Here each channel plane
+of each image is one unit: its input quantized into a zero-bordered plane in L1/L2 (the border is x's zero
+point, centered: onnxruntime's padding), its taps summed a row at a time, and each sum taken through quant.py's
+Requantize chain (`_rq_fused`'s operations, in its order) as it is written.
+
+The sums are exact: every product of centered 8-bit values is an integer, and `applies` asks that the largest
+sum (the weights' row L1 norm times 255, plus the bias) stays below 2**24, where float32 holds every integer; so
+the order of the taps does not matter and the results are minfer-ops-conv's bits (a NaN input gives NaN where a
+window holds it, as its float conv does). A plane is stored by column phase (column c at phase c % stride, place
+c // stride), so that each tap reads a contiguous run at stride 2 too.
+
+``applies``: group == C == M > 1 (one input channel a group), a 4-D input of known channels (float32 with
+``float_input`` 1 or 2, else 8-bit), a constant 8-bit weight and zero point, the quantization parameters and any
+bias, S and B constant, float32 output, no residual, this plugin's compiled Requantize as the epilogue (as
+minfer-ops-conv's kernel finds it), non-negative pads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
+
+from . import channels, depthwise_blocked, team
+from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
+from .channels import LANES
+from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
+from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
+                    _scaled_epilogue)
+from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)
+from .window import window
+
+# how the conv's input is made: QuantizeLinear of float32 x less its zero point (float_input 1), 8-bit x less its
+# zero point (float_input 0), each unit's channels into scratch; float_input 2: x as it is (centered already)
+QUANTIZE, CENTERED, EIGHT = 1, 2, 0
+
+
+@jit
+def _center(x, xq, i, c0, c1, mode, quant):  # pragma: no cover - compiled
+    """Channels c0..c1 of image i of x into xq, centered: the numpy kernel's input Requantize (the division, the
+    clip, then rint) for `QUANTIZE`, x - zp for `EIGHT`. Each mode its own loop, so that each vectorizes."""
+    hw = x.shape[2] * x.shape[3]
+    src, dst = x[i].reshape(-1), xq[i].reshape(-1)
+    xs, qlo, qhi, zp = quant[0], quant[1], quant[2], quant[3]
+    if mode == QUANTIZE:
+        for j in range(c0 * hw, c1 * hw):
+            v = np.float32(src[uintp(j)]) / xs
+            v = qlo if v < qlo else v
+            v = qhi if v > qhi else v
+            dst[uintp(j)] = np.rint(v)
+    else:
+        for j in range(c0 * hw, c1 * hw):
+            dst[uintp(j)] = np.float32(src[uintp(j)]) - zp
+
+
+@jit
+def _requantize(flat, base, c0, c1, cells, m, c, s, b, params):  # pragma: no cover - compiled
+    """In place on channels c0..c1 of one image (flat[base:], ``cells`` a channel): `_rq_fused`'s chain on each
+    exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32 operations and order
+    (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b one value or one a
+    channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds, the post grid's
+    scale, bounds and factor, whether to round. (One array: a loop over two that are the same
+    memory fails numba's overlap check and runs unvectorized.)"""
+    low, high, osc, act_lo, act_hi = params[0], params[1], params[2], params[3], params[4]
+    ps, plo, phi, pq, rounding = params[5], params[6], params[7], params[8], params[9] != 0
+    osc = osc if osc != 0 else np.float32(1)
+    hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
+    ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
+    for ch in range(c0, c1):
+        at = base + (ch - c0) * cells
+        mc = m[uintp(ch if ms else 0)]
+        cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
+        sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
+        bc = b[uintp(ch if bs else 0)] if hb else np.float32(-0.0)
+        if not rounding:  # a ConvInteger's Cast and Mul: the product, then the affine
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                flat[uintp(j)] = act_hi if v > act_hi else v
+        elif ps != 0:
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc
+                v = low if v < low else v
+                v = high if v > high else v
+                v = np.rint(v) * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                v = act_hi if v > act_hi else v
+                v = v / ps
+                v = plo if v < plo else v
+                v = phi if v > phi else v
+                flat[uintp(j)] = np.rint(v) * pq
+        else:
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc
+                v = low if v < low else v
+                v = high if v > high else v
+                v = np.rint(v) * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                flat[uintp(j)] = act_hi if v > act_hi else v
+
+
+@jit
+def _units(x, xq, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, mode, quant, m, c, s, b,
+           params):  # pragma: no cover - compiled
+    """Units lo..hi of ``table`` (rows image, c0, c1; whole blocks of LANES channels): each unit's input centered
+    into xq (`_center`), its blocks' exact sums (depthwise_blocked.py's `block_sums`, no bias, no activation),
+    then `_requantize` while the unit is in L2."""
+    nc, cells = y.shape[1], y.shape[2] * y.shape[3]
+    flat = y.reshape(-1)
+    for u in range(lo, hi):
+        i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+        _center(x, xq, i, c0, c1, mode, quant)
+        block_sums(xq[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
+                   np.float32(0))
+        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, m, c, s, b, params)
+
+
+@jit
+def _centered_units(x, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, m, c, s, b,
+                    params):  # pragma: no cover - compiled
+    """`_units` for an x centered already (float_input 2): its blocks' sums, then `_requantize`."""
+    nc, cells = y.shape[1], y.shape[2] * y.shape[3]
+    flat = y.reshape(-1)
+    for u in range(lo, hi):
+        i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+        block_sums(x[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
+                   np.float32(0))
+        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, m, c, s, b, params)
+
+
+@jit(parallel=True)
+def _drive(x, xq, w, zeros, y, table, parts, dst, offs, planes, hp, wp, sh, sw, kind, mode, quant, m, c, s, b,
+           params):  # pragma: no cover - compiled
+    """`_units` over a native team (team.py): the units of ``table`` in ``parts`` contiguous shares."""
+    count = table.shape[0]
+    for t in prange(parts):
+        _units(x, xq, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, dst, offs, planes, hp, wp, sh,
+               sw, kind, mode, quant, m, c, s, b, params)
+
+
+@jit(parallel=True)
+def _drive_centered(x, w, zeros, y, table, parts, dst, offs, planes, hp, wp, sh, sw, kind, m, c, s, b,
+                    params):  # pragma: no cover - compiled
+    """`_centered_units` over a native team."""
+    count = table.shape[0]
+    for t in prange(parts):
+        _centered_units(x, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, dst, offs, planes, hp,
+                        wp, sh, sw, kind, m, c, s, b, params)
+
+
+def _depthwise_weight(ctx: Any, w_index: int, zp_index: int, group: int) -> bool:
+    """Whether input ``w_index`` is a constant 8-bit (group, 1, KH, KW) weight and ``zp_index`` its constant zero
+    point (or none) whose sums float32 holds exactly (the bias aside: the caller adds it to the bound)."""
+    w, wz = _constant(ctx, w_index), _constant(ctx, zp_index)
+    if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.shape[:2] != (group, 1):
+        return False
+    return not (wz is None and _given(ctx, zp_index) or wz is not None and wz.size not in (1, group))
+
+
+def _common_fits(ctx: Any, attrs: dict, x_dtypes: tuple[np.dtype, ...]) -> bool:
+    """Depthwise (group == C > 1) on a 4-D input of known channels and one of ``x_dtypes``, non-negative pads,
+    positive strides and dilations, a float32 output."""
+    x, group = input_type(ctx, 0), int(attrs.get("group", 1))
+    if group < 2 or x is None or x.shape is None or len(x.shape) != 4 or x.shape[1] != group or x.dtype not in x_dtypes:
+        return False
+    if min(attrs.get("pads") or [0]) < 0 or min(attrs.get("strides") or [1]) < 1 or min(attrs.get("dilations") or [1]) < 1:
+        return False
+    out = ctx.output_types[0] if ctx.output_types else None
+    return out is not None and out.dtype == np.float32
+
+
+def _fits(ctx: Any, attrs: dict) -> bool:
+    """FloatQLinearConv: what this kernel computes (the module docstring)."""
+    if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2):
+        return False
+    if attrs.get("residual_rounding") or _given(ctx, 11):
+        return False
+    xz, yz = _constant(ctx, 2), _constant(ctx, 7)
+    if xz is None or yz is None or xz.size != 1 or yz.size != 1 or xz.dtype not in EIGHT_BIT:
+        return False
+    x_dtypes = (np.dtype(np.float32),) if attrs.get("float_input") else (xz.dtype,)
+    if not _common_fits(ctx, attrs, x_dtypes) or not _depthwise_weight(ctx, 3, 5, int(attrs["group"])):
+        return False
+    needed = (1, 4, 6) + tuple(i for i in (8, 9, 10) if _given(ctx, i))
+    if any(_constant(ctx, i) is None for i in needed) or _bound(_constant(ctx, 3), _constant(ctx, 5),
+                                                                 _constant(ctx, 8)) >= EXACT:
+        return False
+    steps = getattr(_epilogue(ctx, attrs), "steps", None)
+    return steps is not None and not steps[1][0] and bool(steps[1][1])  # Requantize without division, rounding
+
+
+def _scaled_fits(ctx: Any, attrs: dict) -> bool:
+    """ScaledConvInteger: the same, of an 8-bit x (or a float32 one with ``dynamic_input``), its zero point, the
+    scale, S and B constant; the compiled epilogue (and DynamicQuantizeLinear kernel) minfer-ops-conv's uses."""
+    dynamic = bool(attrs.get("dynamic_input"))
+    x = input_type(ctx, 0)
+    xz = _constant(ctx, 2)
+    if dynamic:
+        x_dtypes: tuple[np.dtype, ...] = (np.dtype(np.float32),)
+    elif x is None or xz is None and _given(ctx, 2) or xz is not None and (xz.size != 1 or xz.dtype != x.dtype):
+        return False
+    else:
+        x_dtypes = EIGHT_BIT
+    if not _common_fits(ctx, attrs, x_dtypes) or not _depthwise_weight(ctx, 1, 3, int(attrs["group"])):
+        return False
+    if any(_constant(ctx, i) is None for i in (4,) + tuple(i for i in (5, 6) if _given(ctx, i))):
+        return False
+    if _constant(ctx, 4).size != 1 or _bound(_constant(ctx, 1), _constant(ctx, 3), None) >= EXACT:
+        return False
+    if dynamic and _dynamic_quantizer(ctx) is None:
+        return False
+    steps = getattr(_scaled_epilogue(ctx, attrs), "steps", None)
+    return steps is not None and not steps[1][0] and not steps[1][1]  # Requantize's product, no rounding
+
+
+def _chain(epilogue: Any) -> np.ndarray:
+    """`_requantize`'s params from a prepared compiled Requantize (quant.py's ``steps``), its activation bounds as
+    quant.py's `_rq_rows` makes them."""
+    params, (_, rounding, act) = epilogue.steps
+    lo, hi = params[3], params[4]
+    act_lo = lo if act == 2 else (np.float32(0) if act == 1 else np.float32(-np.inf))
+    act_hi = hi if act == 2 else np.float32(np.inf)
+    return readonly(np.array([params[0], params[1], params[2], act_lo, act_hi, *params[5:9], rounding], np.float32))
+
+
+class Depthwise:
+    """One node's depthwise integer conv over depthwise_blocked.py's blocks: the weights centered and packed once,
+    per input shape the blocks' tables and the units' cut, each run `_units` (or `_centered_units`) over the
+    threads."""
+
+    def __init__(self, w: np.ndarray, wz: np.ndarray | None, attrs: dict, chain: np.ndarray) -> None:
+        c, kh, kw = w.shape[0], w.shape[2], w.shape[3]
+        zero = 0.0 if wz is None else np.asarray(wz, np.float64).reshape(-1, 1, 1, 1)
+        centered = (w.astype(np.float64) - zero).astype(np.float32).reshape(c, kh * kw)  # exact integers
+        blocks = -(-c // LANES)  # (block, tap, lane) as depthwise_blocked.py packs a float conv's, zero past C
+        weights, flat = channels._aligned((blocks, kh * kw, LANES)), np.zeros((blocks * LANES, kh * kw), np.float32)
+        flat[:c] = centered
+        weights[:] = flat.reshape(blocks, LANES, kh * kw).transpose(0, 2, 1)
+        self.packed, self.zeros = readonly(weights), readonly(channels._aligned((blocks * LANES,)))
+        self.c, self.kernel, self.chain = c, (kh, kw), chain
+        self.st, self.dl = tuple(attrs.get("strides") or (1, 1)), tuple(attrs.get("dilations") or (1, 1))
+        self.pads, self.auto_pad = attrs.get("pads"), attrs.get("auto_pad") or "NOTSET"
+        self.geometry: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[Any, ...]]] = {}
+        self.cuts: dict[tuple[Any, ...], tuple[list[tuple[int, int, int]], int, np.ndarray]] = {}
+
+    def locate(self, dims: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        found = self.geometry.get(dims)
+        if found is None:
+            win = window(dims[1:], self.kernel, self.st, self.dl, self.pads, self.auto_pad, clamp_same=True)
+            found = self.geometry[dims] = win.out_shape, depthwise_blocked._tables(dims[1:], win, self.kernel,
+                                                                                   self.st, self.dl)
+        return found
+
+    def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
+        """Compile (or load from numba's cache) at build, not in the first run, where it would skew the core's
+        timing: the loops for this input form, and the team's driver where a native team may run."""
+        depthwise_blocked._install()
+        x = readonly(np.zeros((1, self.c, 8, 8), dtype))
+        self(x, mode, quant, operands)
+        if team.available():
+            out_shape, tables = self.locate(x.shape[1:])
+            y, table = np.zeros((1, self.c) + out_shape, np.float32), readonly(np.array([[0, 0, 1]], np.int64))
+            if mode == CENTERED:
+                _drive_centered(x, self.packed, self.zeros, y, table, 1, *tables, *operands, self.chain)
+            else:
+                _drive(x, np.zeros(x.shape, np.float32), self.packed, self.zeros, y, table, 1, *tables, mode, quant,
+                       *operands, self.chain)
+        self.geometry.clear()
+
+    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple) -> np.ndarray:
+        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands."""
+        n, c, (kh, kw) = x.shape[0], self.c, self.kernel
+        out_shape, tables = self.locate(x.shape[1:])
+        y = np.empty((n, c) + out_shape, np.float32)
+        if y.size == 0:
+            return y
+        threads = intra_op_threads()
+        size = team.size() if threads > 1 else 1  # asking claims the run's threads for the team
+        native = size > 1
+        key = (n, size if native else threads, native) + x.shape[1:]
+        if key not in self.cuts:
+            self.cuts[key] = channels._cut(n, c, x.shape[2:], out_shape, kh * kw, size if native else threads, native)
+        found, parts, table = self.cuts[key]
+        xs = readonly(np.ascontiguousarray(x))
+        if mode == CENTERED:
+            head, rest = (xs, self.packed, self.zeros, y, table), (*tables, *operands, self.chain)
+            units, drive = _centered_units, _drive_centered
+        else:
+            xq = scratch("minfer_ops_numba-qdepthwise-x", x.shape, np.float32)
+            head, rest = (xs, xq, self.packed, self.zeros, y, table), (*tables, mode, quant, *operands, self.chain)
+            units, drive = _units, _drive
+        if native:  # one range, which the driver splits itself: a process team's ranks still write y only here
+            parallel_for(1, lambda lo, hi: drive(*head, parts, *rest) if parts > 1 else
+                         units(*head, 0, len(found), *rest), parts=1, outputs_only=True)
+        else:  # a unit writes only its y block (and its channels of the scratch)
+            parallel_for(len(found), lambda lo, hi: units(*head, lo, hi, *rest), parts=parts, outputs_only=True)
+        return y
+
+
+EMPTY = readonly(np.zeros(0, np.float32))
+
+
+def _operand(v: Any) -> np.ndarray:
+    return EMPTY if v is None else _frozen(v)
+
+
+@kernel("FloatQLinearConv", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(3, 5), views=False,
+        applies=_fits)
+def float_qlinear_conv_depthwise(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
+                                 output_quantization=None, output_rounding=None, residual_rounding=None,
+                                 auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::FloatQLinearConv-1, depthwise (group == C == M): minfer-ops-conv's bits in one compiled pass a
+    unit of channels (the module docstring)."""
+    attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
+                 activation_params=activation_params, output_quantization=output_quantization,
+                 output_rounding=output_rounding, auto_pad=auto_pad, dilations=dilations, pads=pads, strides=strides)
+    xs, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
+    info, x_zero = np.iinfo(xz.dtype), np.float32(xz.reshape(-1)[0])
+    scale = np.float32(xs.reshape(-1)[0])
+    quant = readonly(np.array([scale, np.float32(info.min) - x_zero, np.float32(info.max) - x_zero, x_zero], np.float32))
+    mode = QUANTIZE if float_input == 1 else CENTERED if float_input == 2 else EIGHT
+    # x_scale * w_scale / y_scale in float32, as minfer-ops-conv computes it
+    per_channel = (scale * np.asarray(ws, np.float32).reshape(-1)) / np.float32(ys.reshape(-1)[0])
+    bias = _constant(ctx, 8)
+    operands = (_operand(per_channel), _operand(None if bias is None else bias.astype(np.float32)),
+                _operand(_constant(ctx, 9)), _operand(_constant(ctx, 10)))
+    conv = Depthwise(_constant(ctx, 3), _constant(ctx, 5), attrs, _chain(_epilogue(ctx, attrs)))
+    conv.warm(mode, np.float32 if float_input else xz.dtype, quant, operands)
+
+    def run(x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
+            y_zero_point=None, b=None, s=None, a=None):
+        return conv(x, mode, quant, operands)
+
+    return spmd(run)
+
+
+@kernel("ScaledConvInteger", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(1, 3), views=False,
+        applies=_scaled_fits)
+def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
+                                  dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::ScaledConvInteger-1, depthwise: [DynamicQuantizeLinear of x as minfer-ops-conv makes it,] the exact
+    sums, * scale and act(. * S + A) in one compiled pass a unit of channels: minfer-ops-conv's bits."""
+    attrs = dict(activation=activation, activation_params=activation_params, auto_pad=auto_pad, dilations=dilations,
+                 pads=pads, strides=strides)
+    xz = _constant(ctx, 2)
+    fixed_zero = np.float32(0 if xz is None else xz.reshape(-1)[0])
+    weight_scale = np.float32(_constant(ctx, 4).reshape(-1)[0])
+    affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
+    conv = Depthwise(_constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
+    dynamic = _dynamic_quantizer(ctx) if dynamic_input else None
+    fixed = readonly(np.array([1, 0, 0, fixed_zero], np.float32))
+    one = _operand(np.ones(1, np.float32) * weight_scale)
+    if dynamic is None:
+        conv.warm(EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
+    else:
+        conv.warm(QUANTIZE, np.float32, fixed, (one, EMPTY, *affine))
+
+    def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
+        if dynamic is None:
+            return conv(x, EIGHT, fixed, (one, EMPTY, *affine))
+        mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
+        if np.isfinite(mn) and np.isfinite(mx):  # DynamicQuantizeLinear's scale and zero point, from [min, max]
+            _, x_scale, zp = dynamic(np.asarray([mn, mx], np.float32))
+            zero = np.float32(np.asarray(zp).reshape(-1)[0])
+            quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
+        else:  # NaN or an infinity: the kernel quantizes x itself, as minfer-ops-conv's does
+            x, x_scale, zp = dynamic(x)
+            quant, mode = readonly(np.array([1, 0, 0, np.asarray(zp).reshape(-1)[0]], np.float32)), EIGHT
+        product = np.multiply(x_scale, weight_scale)  # the numpy kernel's Mul
+        return conv(x, mode, quant, (_operand(np.asarray(product, np.float32).reshape(1)), EMPTY, *affine))
+
+    return spmd(run)

@@ -1,0 +1,213 @@
+"""minfer-ops-numba's depthwise FloatQLinearConv (qdepthwise.py): minfer-ops-conv's outputs bit for bit."""
+
+from __future__ import annotations
+
+import attrs as attrs_
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
+
+OP = "FloatQLinearConv"
+
+
+def _random(rng, dtype, shape):
+    info = np.iinfo(dtype)
+    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
+
+
+def _node(rng, *, n=1, c=20, hw=(9, 11), k=(3, 3), xt=np.uint8, wt=np.int8, per_channel=False, float_input=1,
+          bias=True, affine=False, **attrs):
+    """(inputs, attributes) of one depthwise FloatQLinearConv node (group == C == M) with random operands."""
+    if float_input == 1:
+        x = rng.standard_normal((n, c) + hw).astype(np.float32) * 2
+    elif float_input == 2:  # centered 8-bit values, as a producer's output_quantization writes them
+        x = (rng.integers(0, 256, (n, c) + hw) - 128).astype(np.float32)
+    else:
+        x = _random(rng, xt, (n, c) + hw)
+    xs, xz = np.array(0.03, np.float32), _random(rng, xt, ())
+    if float_input == 2:
+        xz = np.array(128 if xt == np.uint8 else 0, xt)
+    w = _random(rng, wt, (c, 1) + k)
+    ws = rng.uniform(0.002, 0.02, c).astype(np.float32) if per_channel else np.array(0.01, np.float32)
+    wz = _random(rng, wt, (c,)) // 4 if per_channel else np.array(3, wt)
+    ys, yz = np.array(0.15, np.float32), np.array((128 if xt == np.uint8 else 0) + rng.integers(-10, 10), xt)
+    b = rng.integers(-3000, 3000, c).astype(np.int32) if bias else None
+    s, a = (rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)) if affine else \
+        (None, None)
+    inputs = [x, xs, xz, w, ws, wz, ys, yz, b, s, a]
+    while inputs[-1] is None and len(inputs) > 8:
+        inputs.pop()
+    return inputs, dict(float_input=float_input, float_output=1, group=c, **attrs)
+
+
+def _out_shape(inputs, attrs):
+    from minfer_ops_numba.window import window
+
+    x, w = inputs[0], inputs[3]
+    win = window(x.shape[2:], w.shape[2:], attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1),
+                 attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), clamp_same=True)
+    return (x.shape[0], w.shape[0]) + win.out_shape
+
+
+def _ctx(inputs, out_shape):
+    from minfer_core import KernelContext, TensorType
+
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(None if i == 0 else v for i, v in enumerate(inputs))
+    return KernelContext("n", OP, 1, types, (TensorType(np.float32, out_shape),), consts, 1)
+
+
+def _check(inputs, attrs, threads=1):
+    from minfer_core.parallel import using_threads
+    from minfer_ops_conv import quant
+    from minfer_ops_numba import qdepthwise
+
+    ctx = _ctx(inputs, _out_shape(inputs, attrs))
+    assert qdepthwise.float_qlinear_conv_depthwise.applies(ctx, attrs)
+    mine = qdepthwise.float_qlinear_conv_depthwise.fn(ctx, **attrs)
+    numpy_run = quant.float_qlinear_conv.fn(ctx, **attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    want = numpy_run(*args)
+    with using_threads(threads):
+        got = mine(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    # the same values, NaN where the numpy kernel has NaN (a zero sum's sign follows the float Conv kernel minfer-ops-conv
+    # finds, which the float32 exact sums leave to each kernel's order: -0.0 == 0.0 here)
+    np.testing.assert_array_equal(got, want)
+    return got
+
+
+SHAPES = {  # name: (node keywords)
+    "3x3-pad": dict(pads=[1, 1, 1, 1]),
+    "3x3-stride2-pad": dict(strides=[2, 2], pads=[1, 1, 1, 1], hw=(13, 14)),
+    "3x3-nopad": dict(hw=(7, 8)),
+    "5x5-stride2": dict(k=(5, 5), strides=[2, 2], pads=[2, 2, 2, 2], hw=(15, 12)),
+    "5x5-asym-same": dict(k=(5, 5), auto_pad="SAME_UPPER", strides=[2, 2], hw=(8, 9)),
+    "3x1-dilated": dict(k=(3, 1), dilations=[2, 1], pads=[2, 0, 1, 0], hw=(10, 6)),
+    "stride3-uneven": dict(strides=[3, 2], pads=[0, 1, 2, 0], hw=(11, 13)),
+    "batch2": dict(n=2, c=7, pads=[1, 1, 1, 1], hw=(5, 6)),
+}
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=str)
+@pytest.mark.parametrize("kinds", [(np.uint8, np.int8, False), (np.int8, np.int8, True), (np.uint8, np.uint8, True)],
+                         ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}{'-pc' if k[2] else ''}")
+def test_bit_for_bit_as_the_numpy_kernel(shape, kinds):
+    """Quantized float input, per-tensor and per-channel weights, uint8/int8 operands, kernels 3x3, 5x5 and 3x1,
+    strides 1-3, pads (asymmetric, SAME), dilation, batch 2: minfer-ops-conv's bits."""
+    rng = np.random.default_rng(len(shape) * 7 + kinds[2])
+    xt, wt, per_channel = kinds
+    inputs, attrs = _node(rng, xt=xt, wt=wt, per_channel=per_channel, **SHAPES[shape])
+    _check(inputs, attrs)
+
+
+@pytest.mark.parametrize("float_input", [0, 1, 2])
+@pytest.mark.parametrize("epilogue", ["none", "relu-quantize", "clip-affine", "rounding", "no-bias"])
+def test_inputs_and_epilogues_bit_for_bit(float_input, epilogue):
+    """Each input form (8-bit, float32 to quantize, centered) and each epilogue the integer fusion makes
+    (activation, ChannelAffine S/B, the next conv's quantization, a QuantizeDequantize rounding) as the numpy
+    kernel's."""
+    rng = np.random.default_rng(31 + float_input)
+    extra = {"none": {}, "no-bias": dict(bias=False),
+             "relu-quantize": dict(activation="Relu", activation_params=[], output_quantization=[0.07, -3.0, 252.0]),
+             "clip-affine": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True),
+             "rounding": dict(activation="Clip", activation_params=[0.0, 6.0], output_rounding=[0.05, -128.0, 127.0])}
+    inputs, attrs = _node(rng, float_input=float_input, pads=[1, 1, 1, 1], **extra[epilogue])
+    _check(inputs, attrs)
+
+
+def test_split_over_threads_and_nan():
+    """A map big enough to split gives the serial bits over two threads; a NaN input is NaN wherever a window
+    holds it and nowhere else."""
+    rng = np.random.default_rng(5)
+    inputs, attrs = _node(rng, c=48, hw=(40, 40), pads=[1, 1, 1, 1], output_quantization=[0.07, -3.0, 252.0])
+    inputs[0][0, 3, 10, 10] = np.nan
+    got = _check(inputs, attrs, threads=2)
+    nan = np.argwhere(np.isnan(got))
+    assert {tuple(p[2:]) for p in nan} == {(r, c) for r in (9, 10, 11) for c in (9, 10, 11)}
+    assert set(nan[:, 1]) == {3}
+
+
+def test_declines_what_it_does_not_compute():
+    """Not depthwise (group 1, or group below C), a residual, a non-constant weight: the kernel does not apply."""
+    from minfer_ops_numba import qdepthwise
+
+    rng = np.random.default_rng(2)
+    inputs, attrs = _node(rng, c=6, pads=[1, 1, 1, 1])
+    fits = qdepthwise.float_qlinear_conv_depthwise.applies
+    shape = _out_shape(inputs, attrs)
+    assert fits(_ctx(inputs, shape), attrs)
+    assert not fits(_ctx(inputs, shape), {**attrs, "group": 3})
+    assert not fits(_ctx(inputs, shape), {**attrs, "residual_rounding": [0.1, -128.0, 127.0],
+                                          "output_rounding": [0.05, -128.0, 127.0]})
+    ctx = _ctx(inputs, shape)
+    live = attrs_.evolve(ctx, constants=tuple(None if i == 3 else v for i, v in enumerate(ctx.constants)))
+    assert not fits(live, attrs)
+
+
+def _scaled_node(rng, *, dynamic, c=20, hw=(9, 11), k=(3, 3), xt=np.uint8, wt=np.int8, affine=False, **attrs):
+    """(inputs, attributes) of one depthwise ScaledConvInteger node (what the integer fusion makes of a dynamic
+    model's DynamicQuantizeLinear -> ConvInteger -> Cast -> Mul, or of a ConvInteger -> Cast -> Mul)."""
+    x = rng.standard_normal((1, c) + hw).astype(np.float32) * 3 if dynamic else _random(rng, xt, (1, c) + hw)
+    xz = None if dynamic else _random(rng, xt, ())
+    w, wz = _random(rng, wt, (c, 1) + k), np.array(2, wt)
+    scale = np.array(0.0007, np.float32)
+    s, a = (rng.standard_normal(c).astype(np.float32), rng.standard_normal(c).astype(np.float32)) if affine else \
+        (None, None)
+    inputs = [x, w, xz, wz, scale, s, a]
+    while inputs[-1] is None:
+        inputs.pop()
+    return inputs, dict(dynamic_input=int(dynamic), group=c, **attrs)
+
+
+def _check_scaled(inputs, attrs, threads=1):
+    from minfer_core import KernelContext, TensorType
+    from minfer_core.parallel import using_threads
+    from minfer_ops_conv import quant
+    from minfer_ops_numba import qdepthwise
+    from minfer_ops_numba.window import window
+
+    x, w = inputs[0], inputs[1]
+    win = window(x.shape[2:], w.shape[2:], attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1),
+                 attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), clamp_same=True)
+    out = TensorType(np.float32, (x.shape[0], w.shape[0]) + win.out_shape)
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    ctx = KernelContext("n", "ScaledConvInteger", 1, types, (out,), (None, *inputs[1:]), 1)
+    assert qdepthwise.scaled_conv_integer_depthwise.applies(ctx, attrs)
+    mine = qdepthwise.scaled_conv_integer_depthwise.fn(ctx, **attrs)
+    numpy_run = quant.scaled_conv_integer.fn(ctx, **attrs)
+    args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    want = numpy_run(*args)
+    with using_threads(threads):
+        got = mine(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "8-bit"])
+@pytest.mark.parametrize("case", ["3x3-pad", "5x5-stride2", "relu-affine", "int8"])
+def test_scaled_conv_integer_as_the_numpy_kernel(dynamic, case):
+    """ScaledConvInteger when depthwise, its input 8-bit or quantized dynamically (DynamicQuantizeLinear's scale
+    and zero point from the input's range), with an activation and ChannelAffine's S/B: minfer-ops-conv's values."""
+    rng = np.random.default_rng(11 + dynamic)
+    extra = {"3x3-pad": dict(pads=[1, 1, 1, 1]), "5x5-stride2": dict(k=(5, 5), strides=[2, 2], pads=[2, 2, 2, 2]),
+             "relu-affine": dict(pads=[1, 1, 1, 1], activation="Relu", affine=True),
+             "int8": dict(xt=np.int8, pads=[0, 1, 1, 0])}[case]
+    if dynamic and case == "int8":
+        extra.pop("xt")
+    inputs, attrs = _scaled_node(rng, dynamic=dynamic, **extra)
+    _check_scaled(inputs, attrs)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the DynamicQuantizeLinear kernel's, on NaN
+def test_scaled_conv_integer_dynamic_nan_and_threads():
+    """A dynamic input holding NaN goes through the DynamicQuantizeLinear kernel itself, as minfer-ops-conv's does;
+    a big map split over two threads gives the serial values."""
+    rng = np.random.default_rng(3)
+    inputs, attrs = _scaled_node(rng, dynamic=True, c=40, hw=(30, 30), pads=[1, 1, 1, 1])
+    _check_scaled(inputs, attrs, threads=2)
+    inputs[0][0, 2, 5, 5] = np.nan
+    _check_scaled(inputs, attrs)
