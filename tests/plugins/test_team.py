@@ -136,14 +136,17 @@ def test_native_declines_what_it_cannot_compile():
 
 
 def test_gemm_from_compiled_code_is_numpys_product():
-    """team.gemm (numpy's cblas_sgemm called from compiled code) gives np.matmul's bits, B plain or transposed."""
+    """team.gemm (numpy's cblas_sgemm called from compiled code) gives np.matmul's bits on the same operands as
+    they are held, B plain or transposed (a Gemm's transB: numpy's kernel multiplies by the held (N, K) array's
+    transposed view). Not the product of a transposed copy: OpenBLAS's small-matrix kernels for B transposed and not
+    sum in different orders on some CPUs (seen on an AMD EPYC family 25, model 17: 115 of 135 values an ulp off)."""
     _needs_team()
     rng = np.random.default_rng(0)
     a = rng.standard_normal((3, 70)).astype(np.float32)
     w = rng.standard_normal((70, 45)).astype(np.float32)
     for transposed, held in ((False, w), (True, np.ascontiguousarray(w.T))):
         run = linear._product(held, transposed, team.NOTHING)
-        np.testing.assert_array_equal(run(a), np.matmul(a, w))
+        np.testing.assert_array_equal(run(a), np.matmul(a, held.T if transposed else held))
 
 
 def _gemm_model(m, k, n, trans_b, activation, bias):
