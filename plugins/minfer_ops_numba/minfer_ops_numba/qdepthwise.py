@@ -61,8 +61,9 @@ def _center(x, xq, i, c0, c1, mode, quant):  # pragma: no cover - compiled
 
 
 @jit
-def _requantize(flat, base, c0, c1, cells, m, c, s, b, params):  # pragma: no cover - compiled
-    """In place on channels c0..c1 of one image (flat[base:], ``cells`` a channel): `_rq_fused`'s chain on each
+def _requantize(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragma: no cover - compiled
+    """In place on channels c0..c1 of one image (channel ch's ``cells`` values at flat[base + (ch - c0) * stride:]):
+    `_rq_fused`'s chain on each
     exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32 operations and order
     (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b one value or one a
     channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds, the post grid's
@@ -74,7 +75,7 @@ def _requantize(flat, base, c0, c1, cells, m, c, s, b, params):  # pragma: no co
     hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
     ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
     for ch in range(c0, c1):
-        at = base + (ch - c0) * cells
+        at = base + (ch - c0) * stride
         mc = m[uintp(ch if ms else 0)]
         cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
         sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
@@ -119,7 +120,7 @@ def _units(x, xq, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw,
         _center(x, xq, i, c0, c1, mode, quant)
         block_sums(xq[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
                    np.float32(0))
-        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, m, c, s, b, params)
+        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit
@@ -132,7 +133,7 @@ def _centered_units(x, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh
         i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
         block_sums(x[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
                    np.float32(0))
-        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, m, c, s, b, params)
+        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit(parallel=True)

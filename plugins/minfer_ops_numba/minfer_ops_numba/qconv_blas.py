@@ -1,0 +1,187 @@
+"""ai.minfer::FloatQLinearConv (group 1) on numpy's sgemm from compiled code, the Requantize chain per unit in cache.
+
+igemm (qconv.py) loses to minfer-ops-conv's kernel on MobileNetV2's 1x1 convs of 16-32 input channels over wide
+maps, where writing out each sum costs more than the product; minfer-ops-conv's kernel there runs the float conv on
+the centered operands (sgemm) and its compiled Requantize from Python tile by tile. Here the conv is smallconv.py's
+compiled path on the centered weights (float32, held once): per unit (a band of output rows and a block of output
+channels) an im2col or none (a 1x1 stride-1 conv reads its input as it lies), one sgemm, then qdepthwise.py's
+`_requantize` on the unit's rows while they are in cache, over a native team when one runs. An input to quantize (or
+8-bit) is centered first, the whole of it, into scratch (`_center`).
+
+The sums are exact: `applies` asks that the largest (255 times the weights' row L1 norm, plus the bias) is below
+2**24, where float32 holds every integer, so BLAS's order and fused multiply-adds change nothing and the values are
+minfer-ops-conv's. The core times this kernel against igemm's and numpy's per node.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, parallel_for, scratch, spmd
+
+from . import smallconv, team
+from ._jit import PRIORITY, input_type, jit, readonly
+from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _epilogue, _given
+from .qdepthwise import CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize  # noqa: F401 (compiled)
+from .smallconv import im2col  # noqa: F401 (compiled code calls it)
+from .team import prange  # noqa: F401 (rebound to numba's at compile)
+
+
+# the weights this kernel holds as float32 (4 bytes each, where the 8-bit kernels hold 1): at most 16k a node, 64 KB
+# (MobileNetV2's 1x1 convs over wide maps, 0.5-6k weights, where the sgemm path wins; its 0.3x weight budget stays)
+MAX_WEIGHTS = 16384
+
+
+@jit
+def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, params):  # pragma: no cover
+    """Units lo..hi of ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels): smallconv.py's
+    `units_of` (an im2col into ``cf`` unless ``direct``, a BLAS GEMM an image into y's rows) with `_requantize`
+    on the unit's rows as the epilogue. ``full``: the centered weights (M, K + 1), a last column of zeros."""
+    mm, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
+    k = xs.shape[1] if direct else rows
+    yf, x0, y0, w0 = y.reshape(-1), np.int64(xs.ctypes.data), np.int64(y.ctypes.data), np.int64(full.ctypes.data)
+    c0 = np.int64(cf.ctypes.data)
+    for u in range(lo, hi):
+        i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
+        ow = geos[u, 11]
+        ncols = (r1 - r0) * ow
+        if not direct:
+            im2col(xs, cf, i1 - i0, 1, rows, ncols, geos[u])
+        for i in range(i0, i1):
+            at = (i * mm + m0) * ohw + r0 * ow
+            src = x0 + 4 * (i * k * hw + r0 * ow) if direct else c0 + 4 * (i - i0) * rows * ncols
+            gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
+                 ohw, np.float32(0))
+            _requantize(yf, at, m0, m1, ncols, ohw, m, c, s, b, params)
+
+
+@jit(parallel=True)
+def _team_units(address, xs, full, y, found, geos, cols, direct, m, c, s, b, params):  # pragma: no cover
+    """`_units` over a native team (team.py): part t of the units on team thread t, with row t of ``cols``."""
+    parts, count = cols.shape[0], found.shape[0]
+    for t in prange(parts):
+        _units(address, xs, full, y, found, geos, cols[t], direct, count * t // parts, count * (t + 1) // parts,
+               m, c, s, b, params)
+
+
+@jit
+def _center_all(x, xq, mode, quant):  # pragma: no cover - compiled
+    """All of x centered into xq (`_center`, image by image)."""
+    for i in range(x.shape[0]):
+        _center(x, xq, i, 0, x.shape[1], mode, quant)
+
+
+def _fits(ctx: Any, attrs: dict) -> bool:
+    """Group 1, a 4-D input of known channels and spatial size (float32 with ``float_input`` 1 or 2, else 8-bit), a
+    constant 8-bit weight and zero point, constant quantization parameters and bias, S and B, float32 output, no
+    residual, exact float32 sums, this plugin's compiled Requantize as the epilogue, numpy's sgemm callable from
+    compiled code."""
+    x, w = input_type(ctx, 0), _constant(ctx, 3)
+    if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2) or attrs.get("group", 1) != 1:
+        return False
+    if attrs.get("residual_rounding") or _given(ctx, 11) or not team.gemm_address():
+        return False
+    if x is None or x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:]):
+        return False
+    if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.size == 0 or x.shape[1] != w.shape[1]:
+        return False
+    if w.size > MAX_WEIGHTS:  # held as float32: a quantized model's weights are to stay 8-bit
+        return False
+    wz, xz, yz = _constant(ctx, 5), _constant(ctx, 2), _constant(ctx, 7)
+    if wz is None and _given(ctx, 5) or wz is not None and wz.size not in (1, w.shape[0]):
+        return False
+    if xz is None or yz is None or xz.size != 1 or yz.size != 1 or xz.dtype not in EIGHT_BIT:
+        return False
+    if (x.dtype != np.float32) if attrs.get("float_input") else (x.dtype != xz.dtype):
+        return False
+    needed = (1, 4, 6) + tuple(i for i in (8, 9, 10) if _given(ctx, i))
+    if any(_constant(ctx, i) is None for i in needed) or _bound(w, wz, _constant(ctx, 8)) >= EXACT:
+        return False
+    if min(attrs.get("pads") or [0]) < 0 or min(attrs.get("strides") or [1]) < 1:
+        return False
+    out = ctx.output_types[0] if ctx.output_types else None
+    steps = getattr(_epilogue(ctx, attrs), "steps", None) if out is not None and out.dtype == np.float32 else None
+    return steps is not None and not steps[1][0] and bool(steps[1][1])  # Requantize without division, rounding
+
+
+@kernel("FloatQLinearConv", domain=MINFER, since=1, priority=PRIORITY - 1, prepare=True, packed=(3, 5), views=False,
+        applies=_fits)
+def float_qlinear_conv_blas(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
+                            output_quantization=None, output_rounding=None, residual_rounding=None, auto_pad="NOTSET",
+                            dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::FloatQLinearConv-1 (group 1): the exact sums by sgemm on the centered operands, the Requantize
+    chain per unit in compiled code (the module docstring): minfer-ops-conv's values."""
+    attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
+                 activation_params=activation_params, output_quantization=output_quantization,
+                 output_rounding=output_rounding)
+    w, wz = _constant(ctx, 3), _constant(ctx, 5)
+    zero = 0.0 if wz is None else np.asarray(wz, np.float64).reshape(-1, 1, 1, 1)
+    centered = (w.astype(np.float64) - zero).astype(np.float32)  # exact integers
+    x_type = input_type(ctx, 0)
+    inner = KernelContext(ctx.node_name, "Conv", 11, (TensorType(np.float32, x_type.shape),
+                                                      TensorType(np.float32, centered.shape)),
+                          tuple(ctx.output_types), (None, centered), 1)
+    node = smallconv.Node(inner, auto_pad, dilations, 1, pads, strides)  # the bias column: zeros (the chain adds it)
+    full = readonly(np.ascontiguousarray(node.packed[0]))
+    xs_, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
+    info, x_zero = np.iinfo(xz.dtype), np.float32(xz.reshape(-1)[0])
+    scale = np.float32(xs_.reshape(-1)[0])
+    quant = readonly(np.array([scale, np.float32(info.min) - x_zero, np.float32(info.max) - x_zero, x_zero], np.float32))
+    mode = QUANTIZE if float_input == 1 else CENTERED if float_input == 2 else EIGHT
+    per_channel = (scale * np.asarray(ws, np.float32).reshape(-1)) / np.float32(ys.reshape(-1)[0])  # as the numpy kernel
+    bias = _constant(ctx, 8)
+    operands = (_operand(per_channel), _operand(None if bias is None else bias.astype(np.float32)),
+                _operand(_constant(ctx, 9)), _operand(_constant(ctx, 10)))
+    chain = _chain(_epilogue(ctx, attrs))
+    address = team.gemm_address()
+    globals()["gemm"] = team.install()  # before _units compiles: it looks the name up here
+    plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+    _warm(address, full, mode, x_type.dtype, quant, operands, chain)
+
+    def run(x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
+            y_zero_point=None, b=None, s=None, a=None):
+        found, geos, size, direct, shape = plans.get(x.shape) or plans.setdefault(x.shape, node.compiled_plan(x))
+        y = np.empty(shape, np.float32)
+        if y.size == 0:
+            return y
+        xs = readonly(np.ascontiguousarray(x))
+        if mode != CENTERED:  # every unit reads all of x: centered once, first
+            xq = scratch("minfer_ops_numba-qconv-blas-x", x.shape, np.float32)
+            _center_all(xs, xq, mode, quant)
+            xs = readonly(xq)
+        args = (address, xs, full, y.reshape(shape[0], shape[1], -1), found, geos)
+        threads = team.size() if len(found) > 1 else 1
+        if threads > 1:  # one range, which the driver splits itself: a process team's ranks still write y only here
+            cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), size), np.float32)
+            parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands, chain), parts=1,
+                         outputs_only=True)
+            return y
+
+        def span(lo: int, hi: int) -> None:
+            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands,
+                   chain)
+
+        parallel_for(len(found), span, parts=None if intra_op_threads() > 1 else 1, outputs_only=True)
+        return y
+
+    return spmd(run)
+
+
+def _warm(address: int, full: np.ndarray, mode: int, dtype: Any, quant: np.ndarray, operands: tuple,
+          chain: np.ndarray) -> None:
+    """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's driver
+    where a native team may run, and the input's centering."""
+    m, rows = full.shape
+    x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
+    y = np.zeros((1, m, 1), np.float32)
+    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
+    geos = np.zeros((1, 12), np.int64)
+    geos[0, 11] = 1
+    args = (address, x, full, y, found, geos)
+    _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, chain)
+    if team.available():
+        _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, chain)
+    if mode != CENTERED:
+        _center_all(readonly(np.zeros((1, rows - 1, 1, 1), dtype)), np.zeros(x.shape, np.float32), mode, quant)

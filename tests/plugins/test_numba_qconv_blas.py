@@ -1,0 +1,84 @@
+"""minfer-ops-numba's FloatQLinearConv on sgemm from compiled code (qconv_blas.py): minfer-ops-conv's values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
+
+from test_qconv_igemm import SHAPES, _ctx, _node, _out_shape  # noqa: E402 (the igemm kernel's cases, same node)
+
+pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
+
+
+def _check(inputs, attrs, rng, threads=1):
+    from minfer_core.parallel import using_threads
+    from minfer_ops_conv import quant
+    from minfer_ops_numba import qconv_blas, team
+
+    if not team.gemm_address():
+        pytest.skip("the kernel applies only where numpy's BLAS is callable from compiled code")
+    ctx = _ctx(inputs, _out_shape(inputs, attrs))
+    assert qconv_blas.float_qlinear_conv_blas.applies(ctx, attrs)
+    mine = qconv_blas.float_qlinear_conv_blas.fn(ctx, **attrs)
+    numpy_run = quant.float_qlinear_conv.fn(ctx, **attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    want = numpy_run(*args)
+    with using_threads(threads):
+        got = mine(*args)
+    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
+    # the same values, NaN where the numpy kernel has NaN (a zero sum's sign depends on the summation order)
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("shape", list(SHAPES), ids=str)
+@pytest.mark.parametrize("kinds", [(np.uint8, np.int8, False), (np.int8, np.int8, True)],
+                         ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}{'-pc' if k[2] else ''}")
+@pytest.mark.parametrize("float_input", [0, 1])
+def test_values_as_the_numpy_kernel(shape, kinds, float_input):
+    """1x1 (the input as the GEMM's operand) and windowed (im2col) convs, strides, pads, dilations, batch 2,
+    per-tensor and per-channel weights, an 8-bit input or a float32 one to quantize: minfer-ops-conv's values."""
+    rng = np.random.default_rng(len(shape) * 3 + kinds[2] + float_input)
+    xt, wt, per_channel = kinds
+    inputs, attrs = _node(rng, xt=xt, wt=wt, per_channel=per_channel, float_input=float_input, **SHAPES[shape])
+    _check(inputs, attrs, rng)
+
+
+@pytest.mark.parametrize("epilogue", ["none", "relu-quantize", "clip-affine", "rounding", "no-bias"])
+def test_epilogues_and_centered_input(epilogue):
+    """Each epilogue the integer fusion makes, on an input centered already (``float_input`` 2, as a producer's
+    output_quantization writes it), as the numpy kernel's."""
+    rng = np.random.default_rng(8)
+    extra = {"none": {}, "no-bias": dict(bias=False),
+             "relu-quantize": dict(activation="Relu", activation_params=[], output_quantization=[0.07, -3.0, 252.0]),
+             "clip-affine": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True),
+             "rounding": dict(output_rounding=[0.05, -128.0, 127.0])}[epilogue]
+    inputs, attrs = _node(rng, c=24, m=40, hw=(10, 10), k=(1, 1), **extra)
+    inputs[0] = (rng.integers(0, 256, inputs[0].shape) - 128).astype(np.float32)  # centered uint8 values
+    inputs[2] = np.array(128, np.uint8)
+    attrs["float_input"] = 2
+    _check(inputs, attrs, rng)
+
+
+def test_split_over_threads():
+    """A conv big enough to split over two threads (bands of rows, or blocks of channels on a small map) gives the
+    serial values."""
+    rng = np.random.default_rng(4)
+    for hw, k, m in (((40, 40), (1, 1), 160), ((7, 7), (1, 1), 160), ((20, 20), (3, 3), 48)):
+        inputs, attrs = _node(rng, c=32, m=m, hw=hw, k=k, pads=[1, 1, 1, 1] if k == (3, 3) else None,
+                              output_quantization=[0.07, -3.0, 252.0])
+        _check(inputs, attrs, rng, threads=2)
+
+
+def test_holds_no_large_float_weight():
+    """The centered weights are held as float32: past MAX_WEIGHTS (64 KB) the kernel declines, so that a quantized
+    model's weights stay 8-bit (igemm's or numpy's kernel takes the node)."""
+    from minfer_ops_numba import qconv_blas
+
+    rng = np.random.default_rng(6)
+    small, attrs = _node(rng, c=64, m=256, hw=(7, 7), k=(1, 1))
+    big, _ = _node(rng, c=64, m=257, hw=(7, 7), k=(1, 1))
+    assert small[3].size == qconv_blas.MAX_WEIGHTS < big[3].size
+    assert qconv_blas.float_qlinear_conv_blas.applies(_ctx(small, _out_shape(small, attrs)), attrs)
+    assert not qconv_blas.float_qlinear_conv_blas.applies(_ctx(big, _out_shape(big, attrs)), attrs)
