@@ -12,6 +12,15 @@ from test_qconv_igemm import SHAPES, _ctx, _node, _out_shape  # noqa: E402 (the 
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
 
 
+@pytest.fixture
+def uncapped(monkeypatch):
+    """The weight cap lifted: it is the weight budget's, not a limit of what the kernel computes, and igemm's cases
+    below have weights of up to 12k values."""
+    from minfer_ops_numba import qconv_blas
+
+    monkeypatch.setattr(qconv_blas, "MAX_WEIGHTS", 1 << 30)
+
+
 def _check(inputs, attrs, rng, threads=1):
     from minfer_core.parallel import using_threads
     from minfer_ops_conv import quant
@@ -36,6 +45,7 @@ def _check(inputs, attrs, rng, threads=1):
 @pytest.mark.parametrize("kinds", [(np.uint8, np.int8, False), (np.int8, np.int8, True)],
                          ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}{'-pc' if k[2] else ''}")
 @pytest.mark.parametrize("float_input", [0, 1])
+@pytest.mark.usefixtures("uncapped")
 def test_values_as_the_numpy_kernel(shape, kinds, float_input):
     """1x1 (the input as the GEMM's operand) and windowed (im2col) convs, strides, pads, dilations, batch 2,
     per-tensor and per-channel weights, an 8-bit input or a float32 one to quantize: minfer-ops-conv's values."""
@@ -65,20 +75,20 @@ def test_split_over_threads():
     """A conv big enough to split over two threads (bands of rows, or blocks of channels on a small map) gives the
     serial values."""
     rng = np.random.default_rng(4)
-    for hw, k, m in (((40, 40), (1, 1), 160), ((7, 7), (1, 1), 160), ((20, 20), (3, 3), 48)):
+    for hw, k, m in (((40, 40), (1, 1), 128), ((7, 7), (1, 1), 128), ((20, 20), (3, 3), 12)):
         inputs, attrs = _node(rng, c=32, m=m, hw=hw, k=k, pads=[1, 1, 1, 1] if k == (3, 3) else None,
                               output_quantization=[0.07, -3.0, 252.0])
         _check(inputs, attrs, rng, threads=2)
 
 
 def test_holds_no_large_float_weight():
-    """The centered weights are held as float32: past MAX_WEIGHTS (64 KB) the kernel declines, so that a quantized
+    """The centered weights are held as float32: past MAX_WEIGHTS (16 KB) the kernel declines, so that a quantized
     model's weights stay 8-bit (igemm's or numpy's kernel takes the node)."""
     from minfer_ops_numba import qconv_blas
 
     rng = np.random.default_rng(6)
-    small, attrs = _node(rng, c=64, m=256, hw=(7, 7), k=(1, 1))
-    big, _ = _node(rng, c=64, m=257, hw=(7, 7), k=(1, 1))
+    small, attrs = _node(rng, c=32, m=128, hw=(7, 7), k=(1, 1))
+    big, _ = _node(rng, c=32, m=129, hw=(7, 7), k=(1, 1))
     assert small[3].size == qconv_blas.MAX_WEIGHTS < big[3].size
     assert qconv_blas.float_qlinear_conv_blas.applies(_ctx(small, _out_shape(small, attrs)), attrs)
     assert not qconv_blas.float_qlinear_conv_blas.applies(_ctx(big, _out_shape(big, attrs)), attrs)
