@@ -92,3 +92,53 @@ def test_holds_no_large_float_weight():
     assert small[3].size == qconv_blas.MAX_WEIGHTS < big[3].size
     assert qconv_blas.float_qlinear_conv_blas.applies(_ctx(small, _out_shape(small, attrs)), attrs)
     assert not qconv_blas.float_qlinear_conv_blas.applies(_ctx(big, _out_shape(big, attrs)), attrs)
+
+
+def _scaled(rng, *, dynamic, c=12, m=20, hw=(9, 11), k=(1, 1), xt=np.uint8, affine=False, **attrs):
+    """(inputs, attributes) of one group-1 ScaledConvInteger (a dynamic model's DynamicQuantizeLinear -> ConvInteger
+    -> Cast -> Mul, or a ConvInteger -> Cast -> Mul of an 8-bit x)."""
+    info = np.iinfo(xt)
+    x = rng.standard_normal((1, c) + hw).astype(np.float32) * 3 if dynamic else \
+        rng.integers(info.min, int(info.max) + 1, (1, c) + hw).astype(xt)
+    xz = None if dynamic else np.array(7, xt)
+    w = rng.integers(-128, 128, (m, c) + k).astype(np.int8)
+    inputs = [x, w, xz, np.array(2, np.int8), np.array(0.0007, np.float32)]
+    if affine:
+        inputs += [rng.standard_normal(m).astype(np.float32), rng.standard_normal(m).astype(np.float32)]
+    return inputs, dict(dynamic_input=int(dynamic), group=1, **attrs)
+
+
+def _check_scaled(inputs, attrs, threads=1):
+    from minfer_ops_numba import qconv_blas, team
+
+    from test_numba_qdepthwise import _check_scaled as check  # the depthwise kernel's check, for this kernel
+
+    if not team.gemm_address():
+        pytest.skip("the kernel applies only where numpy's BLAS is callable from compiled code")
+    check(inputs, attrs, threads, qconv_blas.scaled_conv_integer_blas)
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "8-bit"])
+@pytest.mark.parametrize("case", ["1x1", "3x3-stride2", "relu-affine", "int8"])
+def test_scaled_conv_integer_as_the_numpy_kernel(dynamic, case):
+    """ScaledConvInteger of group 1, its input 8-bit or quantized dynamically (DynamicQuantizeLinear's scale and zero
+    point from the input's range), with an activation and ChannelAffine's S/B: minfer-ops-conv's values."""
+    rng = np.random.default_rng(21 + dynamic)
+    extra = {"1x1": {}, "3x3-stride2": dict(k=(3, 3), strides=[2, 2], pads=[1, 1, 1, 1]),
+             "relu-affine": dict(activation="Relu", affine=True),
+             "int8": dict(xt=np.int8, k=(3, 3), pads=[0, 1, 1, 0])}[case]
+    if dynamic and case == "int8":
+        extra.pop("xt")
+    inputs, attrs = _scaled(rng, dynamic=dynamic, **extra)
+    _check_scaled(inputs, attrs)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # the DynamicQuantizeLinear kernel's, on NaN
+def test_scaled_conv_integer_dynamic_nan_and_threads():
+    """A dynamic input holding NaN goes through the DynamicQuantizeLinear kernel itself, as minfer-ops-conv's does;
+    a big map split over two threads gives the serial values."""
+    rng = np.random.default_rng(3)
+    inputs, attrs = _scaled(rng, dynamic=True, c=16, m=96, hw=(40, 40))
+    _check_scaled(inputs, attrs, threads=2)
+    inputs[0][0, 2, 5, 5] = np.nan
+    _check_scaled(inputs, attrs)

@@ -163,12 +163,16 @@ def _scaled_node(rng, *, dynamic, c=20, hw=(9, 11), k=(3, 3), xt=np.uint8, wt=np
     return inputs, dict(dynamic_input=int(dynamic), group=c, **attrs)
 
 
-def _check_scaled(inputs, attrs, threads=1):
+def _check_scaled(inputs, attrs, threads=1, record=None):
+    """``record`` (default: qdepthwise's ScaledConvInteger kernel) applies to the node and gives minfer-ops-conv's
+    values, at ``threads`` threads."""
     from minfer_core import KernelContext, TensorType
     from minfer_core.parallel import using_threads
     from minfer_ops_conv import quant
     from minfer_ops_numba import qdepthwise
     from minfer_ops_numba.window import window
+
+    record = record or qdepthwise.scaled_conv_integer_depthwise
 
     x, w = inputs[0], inputs[1]
     win = window(x.shape[2:], w.shape[2:], attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1),
@@ -176,8 +180,8 @@ def _check_scaled(inputs, attrs, threads=1):
     out = TensorType(np.float32, (x.shape[0], w.shape[0]) + win.out_shape)
     types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
     ctx = KernelContext("n", "ScaledConvInteger", 1, types, (out,), (None, *inputs[1:]), 1)
-    assert qdepthwise.scaled_conv_integer_depthwise.applies(ctx, attrs)
-    mine = qdepthwise.scaled_conv_integer_depthwise.fn(ctx, **attrs)
+    assert record.applies(ctx, attrs)
+    mine = record.fn(ctx, **attrs)
     numpy_run = quant.scaled_conv_integer.fn(ctx, **attrs)
     args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
     want = numpy_run(*args)

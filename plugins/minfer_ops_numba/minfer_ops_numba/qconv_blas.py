@@ -1,4 +1,5 @@
-"""ai.minfer::FloatQLinearConv (group 1) on numpy's sgemm from compiled code, the Requantize chain per unit in cache.
+"""ai.minfer::FloatQLinearConv and ScaledConvInteger (group 1) on numpy's sgemm from compiled code, the Requantize
+chain per unit in cache.
 
 igemm (qconv.py) loses to minfer-ops-conv's kernel on MobileNetV2's 1x1 convs of 16-32 input channels over wide
 maps, where writing out each sum costs more than the product; minfer-ops-conv's kernel there runs the float conv on
@@ -23,8 +24,10 @@ from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, par
 
 from . import smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
-from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _epilogue, _given
-from .qdepthwise import CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize  # noqa: F401 (compiled)
+from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given,
+                    _scaled_epilogue)
+from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize,  # noqa: F401
+                         dynamic_operands)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
@@ -74,37 +77,127 @@ def _center_all(x, xq, mode, quant):  # pragma: no cover - compiled
         _center(x, xq, i, 0, x.shape[1], mode, quant)
 
 
-def _fits(ctx: Any, attrs: dict) -> bool:
-    """Group 1, a 4-D input of known channels and spatial size (float32 with ``float_input`` 1 or 2, else 8-bit), a
-    constant 8-bit weight and zero point, constant quantization parameters and bias, S and B, float32 output, no
-    residual, exact float32 sums, this plugin's compiled Requantize as the epilogue, numpy's sgemm callable from
-    compiled code."""
-    x, w = input_type(ctx, 0), _constant(ctx, 3)
-    if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2) or attrs.get("group", 1) != 1:
-        return False
-    if attrs.get("residual_rounding") or _given(ctx, 11) or not team.gemm_address():
-        return False
+def _weight_fits(ctx: Any, x: Any, w: Any, zp_index: int) -> bool:
+    """A 4-D input of known channels and spatial size, a constant 8-bit 4-D weight of at most MAX_WEIGHTS values
+    over those channels, and a constant weight zero point (or none), one or one an output channel."""
     if x is None or x.shape is None or len(x.shape) != 4 or not all(isinstance(d, int) for d in x.shape[1:]):
         return False
     if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.size == 0 or x.shape[1] != w.shape[1]:
         return False
     if w.size > MAX_WEIGHTS:  # held as float32: a quantized model's weights are to stay 8-bit
         return False
-    wz, xz, yz = _constant(ctx, 5), _constant(ctx, 2), _constant(ctx, 7)
-    if wz is None and _given(ctx, 5) or wz is not None and wz.size not in (1, w.shape[0]):
+    wz = _constant(ctx, zp_index)
+    return not (wz is None and _given(ctx, zp_index) or wz is not None and wz.size not in (1, w.shape[0]))
+
+
+def _window_fits(attrs: dict) -> bool:
+    return min(attrs.get("pads") or [0]) >= 0 and min(attrs.get("strides") or [1]) >= 1 and bool(team.gemm_address())
+
+
+def _fits(ctx: Any, attrs: dict) -> bool:
+    """FloatQLinearConv: group 1, a 4-D input (float32 with ``float_input`` 1 or 2, else 8-bit), a small constant
+    8-bit weight (`_weight_fits`), constant quantization parameters and bias, S and B, float32 output, no residual,
+    exact float32 sums, this plugin's compiled Requantize as the epilogue, numpy's sgemm callable from compiled
+    code."""
+    x, w = input_type(ctx, 0), _constant(ctx, 3)
+    if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2) or attrs.get("group", 1) != 1:
         return False
+    if attrs.get("residual_rounding") or _given(ctx, 11) or not _window_fits(attrs) or not _weight_fits(ctx, x, w, 5):
+        return False
+    xz, yz = _constant(ctx, 2), _constant(ctx, 7)
     if xz is None or yz is None or xz.size != 1 or yz.size != 1 or xz.dtype not in EIGHT_BIT:
         return False
     if (x.dtype != np.float32) if attrs.get("float_input") else (x.dtype != xz.dtype):
         return False
     needed = (1, 4, 6) + tuple(i for i in (8, 9, 10) if _given(ctx, i))
-    if any(_constant(ctx, i) is None for i in needed) or _bound(w, wz, _constant(ctx, 8)) >= EXACT:
-        return False
-    if min(attrs.get("pads") or [0]) < 0 or min(attrs.get("strides") or [1]) < 1:
+    if any(_constant(ctx, i) is None for i in needed) or _bound(w, _constant(ctx, 5), _constant(ctx, 8)) >= EXACT:
         return False
     out = ctx.output_types[0] if ctx.output_types else None
     steps = getattr(_epilogue(ctx, attrs), "steps", None) if out is not None and out.dtype == np.float32 else None
     return steps is not None and not steps[1][0] and bool(steps[1][1])  # Requantize without division, rounding
+
+
+def _scaled_fits(ctx: Any, attrs: dict) -> bool:
+    """ScaledConvInteger: group 1, an 8-bit x with a constant zero point (or a float32 one with ``dynamic_input``),
+    a small constant 8-bit weight, the scale, S and B constant, exact float32 sums, the compiled epilogue (and
+    DynamicQuantizeLinear kernel) minfer-ops-conv's uses."""
+    x, w, xz = input_type(ctx, 0), _constant(ctx, 1), _constant(ctx, 2)
+    if attrs.get("group", 1) != 1 or not _window_fits(attrs) or not _weight_fits(ctx, x, w, 3):
+        return False
+    if attrs.get("dynamic_input"):
+        if x.dtype != np.float32 or _dynamic_quantizer(ctx) is None:
+            return False
+    elif x.dtype not in EIGHT_BIT or xz is None and _given(ctx, 2) or xz is not None and (xz.size != 1 or
+                                                                                        xz.dtype != x.dtype):
+        return False
+    if any(_constant(ctx, i) is None for i in (4,) + tuple(i for i in (5, 6) if _given(ctx, i))):
+        return False
+    if _constant(ctx, 4).size != 1 or _bound(w, _constant(ctx, 3), None) >= EXACT:
+        return False
+    steps = getattr(_scaled_epilogue(ctx, attrs), "steps", None)
+    return steps is not None and not steps[1][0] and not steps[1][1]  # Requantize's product, no rounding
+
+
+class Product:
+    """One node's integer conv as sgemm on its centered weights (float32, held once; a zero bias column) over
+    smallconv.py's compiled units, per input shape, with `_requantize`'s ``chain`` per unit."""
+
+    def __init__(self, ctx: Any, w: np.ndarray, wz: np.ndarray | None, attrs: dict, chain: np.ndarray) -> None:
+        zero = 0.0 if wz is None else np.asarray(wz, np.float64).reshape(-1, 1, 1, 1)
+        centered = (w.astype(np.float64) - zero).astype(np.float32)  # exact integers
+        x_type = input_type(ctx, 0)
+        inner = KernelContext(ctx.node_name, "Conv", 11, (TensorType(np.float32, x_type.shape),
+                                                          TensorType(np.float32, centered.shape)),
+                              tuple(ctx.output_types), (None, centered), 1)
+        self.node = smallconv.Node(inner, attrs.get("auto_pad") or "NOTSET", attrs.get("dilations"), 1,
+                                   attrs.get("pads"), attrs.get("strides"))
+        self.full = readonly(np.ascontiguousarray(self.node.packed[0]))
+        self.chain, self.address = chain, team.gemm_address()
+        self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+        globals()["gemm"] = team.install()  # before _units compiles: it looks the name up here
+
+    def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
+        """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's
+        driver where a native team may run, and the input's centering."""
+        m, rows = self.full.shape
+        x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
+        y = np.zeros((1, m, 1), np.float32)
+        found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
+        geos = np.zeros((1, 12), np.int64)
+        geos[0, 11] = 1
+        args = (self.address, x, self.full, y, found, geos)
+        _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, self.chain)
+        if team.available():
+            _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, self.chain)
+        if mode != CENTERED:
+            _center_all(readonly(np.zeros((1, rows - 1, 1, 1), dtype)), np.zeros(x.shape, np.float32), mode, quant)
+
+    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple) -> np.ndarray:
+        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands."""
+        found, geos, size, direct, shape = self.plans.get(x.shape) or self.plans.setdefault(
+            x.shape, self.node.compiled_plan(x))
+        y = np.empty(shape, np.float32)
+        if y.size == 0:
+            return y
+        xs = readonly(np.ascontiguousarray(x))
+        if mode != CENTERED:  # every unit reads all of x: centered once, first
+            xq = scratch("minfer_ops_numba-qconv-blas-x", x.shape, np.float32)
+            _center_all(xs, xq, mode, quant)
+            xs = readonly(xq)
+        args = (self.address, xs, self.full, y.reshape(shape[0], shape[1], -1), found, geos)
+        threads = team.size() if len(found) > 1 else 1
+        if threads > 1:  # one range, which the driver splits itself: a process team's ranks still write y only here
+            cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), size), np.float32)
+            parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands, self.chain), parts=1,
+                         outputs_only=True)
+            return y
+
+        def span(lo: int, hi: int) -> None:
+            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands,
+                   self.chain)
+
+        parallel_for(len(found), span, parts=None if intra_op_threads() > 1 else 1, outputs_only=True)
+        return y
 
 
 @kernel("FloatQLinearConv", domain=MINFER, since=1, priority=PRIORITY - 1, prepare=True, packed=(3, 5), views=False,
@@ -116,73 +209,47 @@ def float_qlinear_conv_blas(ctx, *, float_input=0, float_output=0, activation=""
     chain per unit in compiled code (the module docstring): minfer-ops-conv's values."""
     attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
                  activation_params=activation_params, output_quantization=output_quantization,
-                 output_rounding=output_rounding)
-    w, wz = _constant(ctx, 3), _constant(ctx, 5)
-    zero = 0.0 if wz is None else np.asarray(wz, np.float64).reshape(-1, 1, 1, 1)
-    centered = (w.astype(np.float64) - zero).astype(np.float32)  # exact integers
-    x_type = input_type(ctx, 0)
-    inner = KernelContext(ctx.node_name, "Conv", 11, (TensorType(np.float32, x_type.shape),
-                                                      TensorType(np.float32, centered.shape)),
-                          tuple(ctx.output_types), (None, centered), 1)
-    node = smallconv.Node(inner, auto_pad, dilations, 1, pads, strides)  # the bias column: zeros (the chain adds it)
-    full = readonly(np.ascontiguousarray(node.packed[0]))
-    xs_, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
+                 output_rounding=output_rounding, auto_pad=auto_pad, dilations=dilations, pads=pads, strides=strides)
+    conv = Product(ctx, _constant(ctx, 3), _constant(ctx, 5), attrs, _chain(_epilogue(ctx, attrs)))
+    xs, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
     info, x_zero = np.iinfo(xz.dtype), np.float32(xz.reshape(-1)[0])
-    scale = np.float32(xs_.reshape(-1)[0])
+    scale = np.float32(xs.reshape(-1)[0])
     quant = readonly(np.array([scale, np.float32(info.min) - x_zero, np.float32(info.max) - x_zero, x_zero], np.float32))
     mode = QUANTIZE if float_input == 1 else CENTERED if float_input == 2 else EIGHT
     per_channel = (scale * np.asarray(ws, np.float32).reshape(-1)) / np.float32(ys.reshape(-1)[0])  # as the numpy kernel
     bias = _constant(ctx, 8)
     operands = (_operand(per_channel), _operand(None if bias is None else bias.astype(np.float32)),
                 _operand(_constant(ctx, 9)), _operand(_constant(ctx, 10)))
-    chain = _chain(_epilogue(ctx, attrs))
-    address = team.gemm_address()
-    globals()["gemm"] = team.install()  # before _units compiles: it looks the name up here
-    plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
-    _warm(address, full, mode, x_type.dtype, quant, operands, chain)
+    conv.warm(mode, input_type(ctx, 0).dtype, quant, operands)
 
     def run(x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
             y_zero_point=None, b=None, s=None, a=None):
-        found, geos, size, direct, shape = plans.get(x.shape) or plans.setdefault(x.shape, node.compiled_plan(x))
-        y = np.empty(shape, np.float32)
-        if y.size == 0:
-            return y
-        xs = readonly(np.ascontiguousarray(x))
-        if mode != CENTERED:  # every unit reads all of x: centered once, first
-            xq = scratch("minfer_ops_numba-qconv-blas-x", x.shape, np.float32)
-            _center_all(xs, xq, mode, quant)
-            xs = readonly(xq)
-        args = (address, xs, full, y.reshape(shape[0], shape[1], -1), found, geos)
-        threads = team.size() if len(found) > 1 else 1
-        if threads > 1:  # one range, which the driver splits itself: a process team's ranks still write y only here
-            cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), size), np.float32)
-            parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands, chain), parts=1,
-                         outputs_only=True)
-            return y
-
-        def span(lo: int, hi: int) -> None:
-            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands,
-                   chain)
-
-        parallel_for(len(found), span, parts=None if intra_op_threads() > 1 else 1, outputs_only=True)
-        return y
+        return conv(x, mode, quant, operands)
 
     return spmd(run)
 
 
-def _warm(address: int, full: np.ndarray, mode: int, dtype: Any, quant: np.ndarray, operands: tuple,
-          chain: np.ndarray) -> None:
-    """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's driver
-    where a native team may run, and the input's centering."""
-    m, rows = full.shape
-    x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
-    y = np.zeros((1, m, 1), np.float32)
-    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
-    geos = np.zeros((1, 12), np.int64)
-    geos[0, 11] = 1
-    args = (address, x, full, y, found, geos)
-    _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, chain)
-    if team.available():
-        _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, chain)
-    if mode != CENTERED:
-        _center_all(readonly(np.zeros((1, rows - 1, 1, 1), dtype)), np.zeros(x.shape, np.float32), mode, quant)
+@kernel("ScaledConvInteger", domain=MINFER, since=1, priority=PRIORITY - 1, prepare=True, packed=(1, 3), views=False,
+        applies=_scaled_fits)
+def scaled_conv_integer_blas(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
+                             dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """ai.minfer::ScaledConvInteger-1 (group 1): [DynamicQuantizeLinear of x as minfer-ops-conv makes it,] the exact
+    sums by sgemm on the centered operands, * scale and act(. * S + A) per unit in compiled code: its values."""
+    attrs = dict(activation=activation, activation_params=activation_params, auto_pad=auto_pad, dilations=dilations,
+                 pads=pads, strides=strides)
+    conv = Product(ctx, _constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
+    xz = _constant(ctx, 2)
+    weight_scale = np.float32(_constant(ctx, 4).reshape(-1)[0])
+    affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
+    fixed = readonly(np.array([1, 0, 0, 0 if xz is None else xz.reshape(-1)[0]], np.float32))
+    one = _operand(np.ones(1, np.float32) * weight_scale)
+    dynamic = _dynamic_quantizer(ctx) if dynamic_input else None
+    conv.warm(QUANTIZE if dynamic is not None else EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
+
+    def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
+        if dynamic is None:
+            return conv(x, EIGHT, fixed, (one, EMPTY, *affine))
+        x, mode, quant, m = dynamic_operands(dynamic, x, weight_scale)
+        return conv(x, mode, quant, (m, EMPTY, *affine))
+
+    return spmd(run)

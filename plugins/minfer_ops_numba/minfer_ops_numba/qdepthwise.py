@@ -366,15 +366,24 @@ def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None,
     def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
         if dynamic is None:
             return conv(x, EIGHT, fixed, (one, EMPTY, *affine))
-        mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
-        if np.isfinite(mn) and np.isfinite(mx):  # DynamicQuantizeLinear's scale and zero point, from [min, max]
-            _, x_scale, zp = dynamic(np.asarray([mn, mx], np.float32))
-            zero = np.float32(np.asarray(zp).reshape(-1)[0])
-            quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
-        else:  # NaN or an infinity: the kernel quantizes x itself, as minfer-ops-conv's does
-            x, x_scale, zp = dynamic(x)
-            quant, mode = readonly(np.array([1, 0, 0, np.asarray(zp).reshape(-1)[0]], np.float32)), EIGHT
-        product = np.multiply(x_scale, weight_scale)  # the numpy kernel's Mul
-        return conv(x, mode, quant, (_operand(np.asarray(product, np.float32).reshape(1)), EMPTY, *affine))
+        x, mode, quant, m = dynamic_operands(dynamic, x, weight_scale)
+        return conv(x, mode, quant, (m, EMPTY, *affine))
 
     return spmd(run)
+
+
+def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+    """ScaledConvInteger's ``dynamic_input`` as minfer-ops-conv makes it: (the conv's x, how to center it, its
+    `_center` parameters, the sums' factor x_scale * weight_scale): DynamicQuantizeLinear's scale and zero point
+    from the registered kernel (``dynamic``) on [min, max], x then quantized on the way in; an x holding NaN or an
+    infinity goes through the kernel itself (its 8-bit output, less its zero point)."""
+    mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
+    if np.isfinite(mn) and np.isfinite(mx):
+        _, x_scale, zp = dynamic(np.asarray([mn, mx], np.float32))
+        zero = np.float32(np.asarray(zp).reshape(-1)[0])
+        quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
+    else:
+        x, x_scale, zp = dynamic(x)
+        quant, mode = readonly(np.array([1, 0, 0, np.asarray(zp).reshape(-1)[0]], np.float32)), EIGHT
+    product = np.multiply(x_scale, weight_scale)  # the numpy kernel's Mul
+    return x, mode, quant, _operand(np.asarray(product, np.float32).reshape(1))
