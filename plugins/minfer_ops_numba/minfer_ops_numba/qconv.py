@@ -298,6 +298,25 @@ def _scaled_epilogue(ctx: Any, attrs: dict) -> Any:
     return found.prepared(inner, op_attrs)
 
 
+# the DynamicQuantizeLinear kernels whose scale and zero point are dynamic_quant.scale_and_zero_point's
+SAME_RANGE_PARAMS = ("minfer_ops_numba.dynamic_quant", "minfer_ops_basic.cast")
+
+
+def _range_params(ctx: Any) -> Any:
+    """``(min, max) -> (scale, zero point)`` as the registered DynamicQuantizeLinear kernel makes them of the
+    two-element [min, max] (finite): dynamic_quant's formula itself where every candidate kernel is one that
+    computes it (~2 us), else a call of the kernel on the two values (~26 us); None without a kernel."""
+    f32, u8 = TensorType(np.float32, None), TensorType(np.uint8, None)
+    inner = KernelContext(ctx.node_name, "DynamicQuantizeLinear", 11, (f32,), (u8, f32, u8), (None,), 1)
+    found = get_registry().kernel_candidates("", "DynamicQuantizeLinear", 11, "numpy", inner, {})
+    if found and all(k.fn.__module__ in SAME_RANGE_PARAMS for k in found):
+        from .dynamic_quant import scale_and_zero_point
+
+        return scale_and_zero_point
+    kernel = _dynamic_quantizer(ctx)
+    return None if kernel is None else (lambda mn, mx: kernel(np.asarray([mn, mx], np.float32))[1:])
+
+
 def _dynamic_quantizer(ctx: Any) -> Any:
     """The registered DynamicQuantizeLinear kernel for float32 (the numpy kernel's, to the bit), or None."""
     f32, u8 = TensorType(np.float32, None), TensorType(np.uint8, None)
@@ -329,6 +348,7 @@ class ScaledConv:
         self.conv = qg.IntegerConv(_constant(ctx, 1), _constant(ctx, 3), attrs)
         self.epilogue = _scaled_epilogue(ctx, attrs)
         self.dynamic = _dynamic_quantizer(ctx) if attrs.get("dynamic_input") else None
+        self.range_params = _range_params(ctx) if attrs.get("dynamic_input") else None
         qg.compile_for(np.dtype(np.uint8) if self.dynamic else input_type(ctx, 0).dtype)
 
     def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any) -> tuple[np.ndarray, int, np.ndarray]:
@@ -339,7 +359,7 @@ class ScaledConv:
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
         mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
         if np.isfinite(mn) and np.isfinite(mx):
-            _, x_scale, zp = self.dynamic(np.asarray([mn, mx], np.float32))
+            x_scale, zp = self.range_params(mn, mx)
             zero = int(np.asarray(zp).reshape(-1)[0])
             q, _ = qg.quantized(x, (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)), np.dtype(np.uint8),
                                 zero)

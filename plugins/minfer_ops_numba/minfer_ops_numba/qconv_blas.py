@@ -25,7 +25,7 @@ from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, par
 from . import smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given,
-                    _scaled_epilogue)
+                    _range_params, _scaled_epilogue)
 from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize,  # noqa: F401
                          dynamic_operands)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
@@ -243,7 +243,7 @@ def scaled_conv_integer_blas(ctx, *, activation="", activation_params=None, dyna
     affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
     fixed = readonly(np.array([1, 0, 0, 0 if xz is None else xz.reshape(-1)[0]], np.float32))
     one = _operand(np.ones(1, np.float32) * weight_scale)
-    dynamic = _dynamic_quantizer(ctx) if dynamic_input else None
+    dynamic = (_dynamic_quantizer(ctx), _range_params(ctx)) if dynamic_input else None
     conv.warm(QUANTIZE if dynamic is not None else EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
 
     def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):

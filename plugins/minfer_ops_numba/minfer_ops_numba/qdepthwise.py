@@ -33,7 +33,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uint
 from .channels import LANES
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
-                    _scaled_epilogue)
+                    _range_params, _scaled_epilogue)
 from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)
 from .window import window
 
@@ -355,7 +355,7 @@ def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None,
     weight_scale = np.float32(_constant(ctx, 4).reshape(-1)[0])
     affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
     conv = Depthwise(_constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
-    dynamic = _dynamic_quantizer(ctx) if dynamic_input else None
+    dynamic = (_dynamic_quantizer(ctx), _range_params(ctx)) if dynamic_input else None
     fixed = readonly(np.array([1, 0, 0, fixed_zero], np.float32))
     one = _operand(np.ones(1, np.float32) * weight_scale)
     if dynamic is None:
@@ -375,15 +375,17 @@ def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None,
 def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
     """ScaledConvInteger's ``dynamic_input`` as minfer-ops-conv makes it: (the conv's x, how to center it, its
     `_center` parameters, the sums' factor x_scale * weight_scale): DynamicQuantizeLinear's scale and zero point
-    from the registered kernel (``dynamic``) on [min, max], x then quantized on the way in; an x holding NaN or an
-    infinity goes through the kernel itself (its 8-bit output, less its zero point)."""
+    as the registered kernel makes them of [min, max] (``dynamic``: (the kernel, `qconv._range_params`)), x then
+    quantized on the way in; an x holding NaN or an infinity goes through the kernel itself (its 8-bit output, less
+    its zero point)."""
+    kernel, range_params = dynamic
     mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
     if np.isfinite(mn) and np.isfinite(mx):
-        _, x_scale, zp = dynamic(np.asarray([mn, mx], np.float32))
+        x_scale, zp = range_params(mn, mx)
         zero = np.float32(np.asarray(zp).reshape(-1)[0])
         quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
     else:
-        x, x_scale, zp = dynamic(x)
+        x, x_scale, zp = kernel(x)
         quant, mode = readonly(np.array([1, 0, 0, np.asarray(zp).reshape(-1)[0]], np.float32)), EIGHT
     product = np.multiply(x_scale, weight_scale)  # the numpy kernel's Mul
     return x, mode, quant, _operand(np.asarray(product, np.float32).reshape(1))

@@ -87,7 +87,7 @@ def _quantized(x: np.ndarray) -> tuple[np.ndarray, Any, np.float32]:
     if flat.size:
         mn, mx = np.min(flat), np.max(flat)  # NaN propagates into both
         if np.isfinite(mn) and np.isfinite(mx):
-            scale, zp = dynamic_quant._scale_and_zero_point(float(mn), float(mx))
+            scale, zp = dynamic_quant.scale_and_zero_point(float(mn), float(mx))
             q = scratch("minfer_ops_numba-qmm-q", x.shape, np.uint8)
             dynamic_quant._quantize(flat, q.reshape(-1), scale, np.float32(zp))
             return q, int(zp), np.float32(scale)
