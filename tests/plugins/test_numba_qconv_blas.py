@@ -21,24 +21,14 @@ def uncapped(monkeypatch):
     monkeypatch.setattr(qconv_blas, "MAX_WEIGHTS", 1 << 30)
 
 
-def _check(inputs, attrs, rng, threads=1):
-    from minfer_core.parallel import using_threads
-    from minfer_ops_conv import quant
+def _check(inputs, attrs, threads=1):
     from minfer_ops_numba import qconv_blas, team
+
+    from test_numba_qdepthwise import _check as check  # the depthwise kernel's check, for this kernel
 
     if not team.gemm_address():
         pytest.skip("the kernel applies only where numpy's BLAS is callable from compiled code")
-    ctx = _ctx(inputs, _out_shape(inputs, attrs))
-    assert qconv_blas.float_qlinear_conv_blas.applies(ctx, attrs)
-    mine = qconv_blas.float_qlinear_conv_blas.fn(ctx, **attrs)
-    numpy_run = quant.float_qlinear_conv.fn(ctx, **attrs)
-    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
-    want = numpy_run(*args)
-    with using_threads(threads):
-        got = mine(*args)
-    assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
-    # the same values, NaN where the numpy kernel has NaN (a zero sum's sign depends on the summation order)
-    np.testing.assert_array_equal(got, want)
+    check(inputs, attrs, threads, qconv_blas.float_qlinear_conv_blas)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES), ids=str)
@@ -52,7 +42,7 @@ def test_values_as_the_numpy_kernel(shape, kinds, float_input):
     rng = np.random.default_rng(len(shape) * 3 + kinds[2] + float_input)
     xt, wt, per_channel = kinds
     inputs, attrs = _node(rng, xt=xt, wt=wt, per_channel=per_channel, float_input=float_input, **SHAPES[shape])
-    _check(inputs, attrs, rng)
+    _check(inputs, attrs)
 
 
 @pytest.mark.parametrize("epilogue", ["none", "relu-quantize", "clip-affine", "rounding", "no-bias"])
@@ -68,7 +58,7 @@ def test_epilogues_and_centered_input(epilogue):
     inputs[0] = (rng.integers(0, 256, inputs[0].shape) - 128).astype(np.float32)  # centered uint8 values
     inputs[2] = np.array(128, np.uint8)
     attrs["float_input"] = 2
-    _check(inputs, attrs, rng)
+    _check(inputs, attrs)
 
 
 def test_split_over_threads():
@@ -78,7 +68,7 @@ def test_split_over_threads():
     for hw, k, m in (((40, 40), (1, 1), 128), ((7, 7), (1, 1), 128), ((20, 20), (3, 3), 12)):
         inputs, attrs = _node(rng, c=32, m=m, hw=hw, k=k, pads=[1, 1, 1, 1] if k == (3, 3) else None,
                               output_quantization=[0.07, -3.0, 252.0])
-        _check(inputs, attrs, rng, threads=2)
+        _check(inputs, attrs, threads=2)
 
 
 def test_holds_no_large_float_weight():

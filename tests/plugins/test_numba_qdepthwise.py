@@ -1,4 +1,4 @@
-"""minfer-ops-numba's depthwise FloatQLinearConv (qdepthwise.py): minfer-ops-conv's outputs bit for bit."""
+"""minfer-ops-numba's quantized depthwise convs (qdepthwise.py): minfer-ops-conv's values."""
 
 from __future__ import annotations
 
@@ -8,14 +8,9 @@ import pytest
 
 pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install minfer-ops-numba)")
 
+from test_qconv_igemm import _ctx, _out_shape, _random  # noqa: E402 (the FloatQLinearConv node's helpers)
+
 pytestmark = pytest.mark.usefixtures("numba_plugin")  # tests/plugins/conftest.py
-
-OP = "FloatQLinearConv"
-
-
-def _random(rng, dtype, shape):
-    info = np.iinfo(dtype)
-    return rng.integers(info.min, int(info.max) + 1, shape).astype(dtype)
 
 
 def _node(rng, *, n=1, c=20, hw=(9, 11), k=(3, 3), xt=np.uint8, wt=np.int8, per_channel=False, float_input=1,
@@ -43,31 +38,17 @@ def _node(rng, *, n=1, c=20, hw=(9, 11), k=(3, 3), xt=np.uint8, wt=np.int8, per_
     return inputs, dict(float_input=float_input, float_output=1, group=c, **attrs)
 
 
-def _out_shape(inputs, attrs):
-    from minfer_ops_numba.window import window
-
-    x, w = inputs[0], inputs[3]
-    win = window(x.shape[2:], w.shape[2:], attrs.get("strides") or (1, 1), attrs.get("dilations") or (1, 1),
-                 attrs.get("pads"), attrs.get("auto_pad", "NOTSET"), clamp_same=True)
-    return (x.shape[0], w.shape[0]) + win.out_shape
-
-
-def _ctx(inputs, out_shape):
-    from minfer_core import KernelContext, TensorType
-
-    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
-    consts = tuple(None if i == 0 else v for i, v in enumerate(inputs))
-    return KernelContext("n", OP, 1, types, (TensorType(np.float32, out_shape),), consts, 1)
-
-
-def _check(inputs, attrs, threads=1):
+def _check(inputs, attrs, threads=1, record=None):
+    """``record`` (default: qdepthwise's FloatQLinearConv kernel) applies to the node and gives minfer-ops-conv's
+    values, at ``threads`` threads."""
     from minfer_core.parallel import using_threads
     from minfer_ops_conv import quant
     from minfer_ops_numba import qdepthwise
 
+    record = record or qdepthwise.float_qlinear_conv_depthwise
     ctx = _ctx(inputs, _out_shape(inputs, attrs))
-    assert qdepthwise.float_qlinear_conv_depthwise.applies(ctx, attrs)
-    mine = qdepthwise.float_qlinear_conv_depthwise.fn(ctx, **attrs)
+    assert record.applies(ctx, attrs)
+    mine = record.fn(ctx, **attrs)
     numpy_run = quant.float_qlinear_conv.fn(ctx, **attrs)
     args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
     want = numpy_run(*args)
@@ -95,9 +76,9 @@ SHAPES = {  # name: (node keywords)
 @pytest.mark.parametrize("shape", list(SHAPES), ids=str)
 @pytest.mark.parametrize("kinds", [(np.uint8, np.int8, False), (np.int8, np.int8, True), (np.uint8, np.uint8, True)],
                          ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}{'-pc' if k[2] else ''}")
-def test_bit_for_bit_as_the_numpy_kernel(shape, kinds):
+def test_values_as_the_numpy_kernel(shape, kinds):
     """Quantized float input, per-tensor and per-channel weights, uint8/int8 operands, kernels 3x3, 5x5 and 3x1,
-    strides 1-3, pads (asymmetric, SAME), dilation, batch 2: minfer-ops-conv's bits."""
+    strides 1-3, pads (asymmetric, SAME), dilation, batch 2: minfer-ops-conv's values."""
     rng = np.random.default_rng(len(shape) * 7 + kinds[2])
     xt, wt, per_channel = kinds
     inputs, attrs = _node(rng, xt=xt, wt=wt, per_channel=per_channel, **SHAPES[shape])
@@ -106,7 +87,7 @@ def test_bit_for_bit_as_the_numpy_kernel(shape, kinds):
 
 @pytest.mark.parametrize("float_input", [0, 1, 2])
 @pytest.mark.parametrize("epilogue", ["none", "relu-quantize", "clip-affine", "rounding", "no-bias"])
-def test_inputs_and_epilogues_bit_for_bit(float_input, epilogue):
+def test_inputs_and_epilogues_as_the_numpy_kernel(float_input, epilogue):
     """Each input form (8-bit, float32 to quantize, centered) and each epilogue the integer fusion makes
     (activation, ChannelAffine S/B, the next conv's quantization, a QuantizeDequantize rounding) as the numpy
     kernel's."""
@@ -120,7 +101,7 @@ def test_inputs_and_epilogues_bit_for_bit(float_input, epilogue):
 
 
 def test_split_over_threads_and_nan():
-    """A map big enough to split gives the serial bits over two threads; a NaN input is NaN wherever a window
+    """A map big enough to split gives the serial values over two threads; a NaN input is NaN wherever a window
     holds it and nowhere else."""
     rng = np.random.default_rng(5)
     inputs, attrs = _node(rng, c=48, hw=(40, 40), pads=[1, 1, 1, 1], output_quantization=[0.07, -3.0, 252.0])

@@ -1,23 +1,26 @@
-"""ai.minfer::FloatQLinearConv when depthwise: the input's quantization, the taps and the epilogue in one pass a plane.
+"""ai.minfer::FloatQLinearConv and ScaledConvInteger when depthwise: input conversion, taps and epilogue per unit.
 
 minfer-ops-conv's kernel runs a quantized depthwise conv as three passes over memory: the input quantized into
 scratch (QuantizeLinear's division, clip and rint, less the zero point, as float32), the registered float Conv
 kernel on it (the centered 8-bit weights held as float32), then the compiled Requantize over the whole output
-(MobileNetV2 QDQ, per node: the quantization 15-20% of its time, the Requantize 25-35%). Here each channel plane
-of each image is one unit: its input quantized into a zero-bordered plane in L1/L2 (the border is x's zero
-point, centered: onnxruntime's padding), its taps summed a row at a time, and each sum taken through quant.py's
-Requantize chain (`_rq_fused`'s operations, in its order) as it is written.
+(MobileNetV2 QDQ, per node: the quantization 15-20% of its time, the Requantize 25-35%). Here a unit is a block of
+LANES (16) channels of one image, as depthwise_blocked.py cuts a float conv: its input centered into scratch
+(`_center`; none when the producer wrote centered integers, ``float_input`` 2), its sums by depthwise_blocked.py's
+`block_sums` on the centered weights packed as float32 (padding is zero there: x's zero point, centered, as
+onnxruntime pads), then the Requantize chain (quant.py's `_rq_fused` operations, in its order) in place while the
+unit is in L2 (`_requantize`); the units over a native team when one runs. ScaledConvInteger's dynamic input gets
+DynamicQuantizeLinear's scale and zero point as minfer-ops-conv computes them (`dynamic_operands`).
 
-The sums are exact: every product of centered 8-bit values is an integer, and `applies` asks that the largest
+The sums are exact: every product of centered 8-bit values is an integer, and ``applies`` asks that the largest
 sum (the weights' row L1 norm times 255, plus the bias) stays below 2**24, where float32 holds every integer; so
-the order of the taps does not matter and the results are minfer-ops-conv's bits (a NaN input gives NaN where a
-window holds it, as its float conv does). A plane is stored by column phase (column c at phase c % stride, place
-c // stride), so that each tap reads a contiguous run at stride 2 too.
+the order of the taps does not matter and the values are minfer-ops-conv's (a zero sum's sign aside, which
+follows each kernel's order; a NaN input gives NaN where a window holds it, as its float conv does).
 
-``applies``: group == C == M > 1 (one input channel a group), a 4-D input of known channels (float32 with
-``float_input`` 1 or 2, else 8-bit), a constant 8-bit weight and zero point, the quantization parameters and any
-bias, S and B constant, float32 output, no residual, this plugin's compiled Requantize as the epilogue (as
-minfer-ops-conv's kernel finds it), non-negative pads.
+``applies``: group == C == M > 1 (one input channel a group), a 4-D input of known channels (FloatQLinearConv:
+float32 with ``float_input`` 1 or 2, else 8-bit; ScaledConvInteger: 8-bit, or float32 with ``dynamic_input``), a
+constant 8-bit weight and zero point, the quantization parameters and any bias, S and B constant, float32 output,
+no residual, this plugin's compiled Requantize as the epilogue (as minfer-ops-conv's kernel finds it),
+non-negative pads.
 """
 
 from __future__ import annotations
@@ -63,11 +66,10 @@ def _center(x, xq, i, c0, c1, mode, quant):  # pragma: no cover - compiled
 @jit
 def _requantize(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragma: no cover - compiled
     """In place on channels c0..c1 of one image (channel ch's ``cells`` values at flat[base + (ch - c0) * stride:]):
-    `_rq_fused`'s chain on each
-    exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32 operations and order
-    (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b one value or one a
-    channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds, the post grid's
-    scale, bounds and factor, whether to round. (One array: a loop over two that are the same
+    `_rq_fused`'s chain on each exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32
+    operations and order (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b
+    one value or one a channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds,
+    the post grid's scale, bounds and factor, whether to round. (One array: a loop over two that are the same
     memory fails numba's overlap check and runs unvectorized.)"""
     low, high, osc, act_lo, act_hi = params[0], params[1], params[2], params[3], params[4]
     ps, plo, phi, pq, rounding = params[5], params[6], params[7], params[8], params[9] != 0
@@ -317,7 +319,7 @@ def _operand(v: Any) -> np.ndarray:
 def float_qlinear_conv_depthwise(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
                                  output_quantization=None, output_rounding=None, residual_rounding=None,
                                  auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """ai.minfer::FloatQLinearConv-1, depthwise (group == C == M): minfer-ops-conv's bits in one compiled pass a
+    """ai.minfer::FloatQLinearConv-1, depthwise (group == C == M): minfer-ops-conv's values in one compiled pass a
     unit of channels (the module docstring)."""
     attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
                  activation_params=activation_params, output_quantization=output_quantization,
@@ -347,7 +349,7 @@ def float_qlinear_conv_depthwise(ctx, *, float_input=0, float_output=0, activati
 def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
                                   dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ai.minfer::ScaledConvInteger-1, depthwise: [DynamicQuantizeLinear of x as minfer-ops-conv makes it,] the exact
-    sums, * scale and act(. * S + A) in one compiled pass a unit of channels: minfer-ops-conv's bits."""
+    sums, * scale and act(. * S + A) in one compiled pass a unit of channels: minfer-ops-conv's values."""
     attrs = dict(activation=activation, activation_params=activation_params, auto_pad=auto_pad, dilations=dilations,
                  pads=pads, strides=strides)
     xz = _constant(ctx, 2)
