@@ -102,15 +102,21 @@ def test_qlinear_binary_is_numpys_bits(op_type, a_shape, b_shape, dtype, zc):
     args = [a, np.float32(0.25), np.asarray(3, dtype), b, np.float32(0.125), np.asarray(7, dtype), np.float32(0.5), zc]
     numba_kernel = qlinear_binary.qlinear_add if op_type == "QLinearAdd" else qlinear_binary.qlinear_mul
     numpy_kernel = qlinear.qlinear_add if op_type == "QLinearAdd" else qlinear.qlinear_mul
-    types = [TensorType(np.asarray(v).dtype, np.shape(v)) if v is not None else None for v in args]
-    ctx = KernelContext("n", op_type, 1, tuple(types), (None,), (None,) * 8, 1)
-    assert numba_kernel.applies(ctx, {})
-    got, want = numba_kernel.prepared(ctx, {})(*args), numpy_kernel.fn(*args)
-    assert got.dtype == want.dtype
-    np.testing.assert_array_equal(got, want)
-    for scales in ([np.float32(0.0371), np.float32(0.0123), np.float32(0.0517)],):  # generic scales too
-        args[1], args[4], args[6] = scales
-        np.testing.assert_array_equal(numba_kernel.prepared(ctx, {})(*args), numpy_kernel.fn(*args))
+    types = tuple(TensorType(np.asarray(v).dtype, np.shape(v)) if v is not None else None for v in args)
+
+    def ctx(constant):  # scales and zero points given at run, or constants the kernel reads once at build
+        consts = tuple(None if i in (0, 3) or v is None else np.asarray(v) for i, v in enumerate(args))
+        return KernelContext("n", op_type, 1, types, (None,), consts if constant else (None,) * 8, 1)
+
+    assert numba_kernel.applies(ctx(False), {})
+    want = numpy_kernel.fn(*args)
+    for constant in (False, True):
+        got = numba_kernel.prepared(ctx(constant), {})(*args)
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    args[1], args[4], args[6] = np.float32(0.0371), np.float32(0.0123), np.float32(0.0517)  # generic scales too
+    for constant in (False, True):
+        np.testing.assert_array_equal(numba_kernel.prepared(ctx(constant), {})(*args), numpy_kernel.fn(*args))
 
 
 def test_qlinear_binary_leaves_other_broadcasts_to_numpy():

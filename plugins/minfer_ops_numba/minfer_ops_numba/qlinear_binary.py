@@ -102,23 +102,32 @@ def _binary(ctx: Any, mul: bool) -> Any:
         _add(readonly(np.zeros((1, 1), types[3].dtype)), readonly(np.zeros(1, types[0].dtype)),
              np.zeros((1, 1), target), f, f, f, f, f, f, f)
 
+    def operands(a_scale, a_zero_point, b_scale, b_zero_point, c_scale, c_zero_point):
+        """(multipliers..., zero points..., lo, hi) of the compiled loop, x and y in its order."""
+        info = np.iinfo(target)
+        (sx, zx), (sy, zy) = ((b_scale, b_zero_point), (a_scale, a_zero_point)) if swap else \
+            ((a_scale, a_zero_point), (b_scale, b_zero_point))
+        lo, hi, zc, sc = np.float32(info.min), np.float32(info.max), _zp(c_zero_point), _f32(c_scale)
+        if mul:
+            return _f32(sx) * _f32(sy) / sc, _zp(zx), _zp(zy), zc, lo, hi
+        return _f32(sx) / sc, _zp(zx), _f32(sy) / sc, _zp(zy), zc, lo, hi
+
+    consts = tuple(ctx.constants) + (None,) * 8
+    given = [i for i in (1, 2, 4, 5, 6, 7) if i < len(types) and types[i] is not None]
+    fixed = operands(*(consts[i] for i in (1, 2, 4, 5, 6, 7))) if all(consts[i] is not None for i in given) \
+        else None  # scales and zero points constant (a quantized model's): computed once, here
+    loop = _mul if mul else _add
+
     def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
-        dtype = a.dtype if c_zero_point is None else np.asarray(c_zero_point).dtype
-        info = np.iinfo(dtype)
-        x, y, (sx, zx), (sy, zy) = a, b, (a_scale, a_zero_point), (b_scale, b_zero_point)
-        if swap:
-            x, y, (sx, zx), (sy, zy) = b, a, (b_scale, b_zero_point), (a_scale, a_zero_point)
-        out = np.empty(x.shape, dtype)
-        n = max(1, int(np.prod(_trailing(y.shape))))
+        x, y = (b, a) if swap else (a, b)
+        out = np.empty(x.shape, target)
         if not x.size:
             return out
-        xs, ys = readonly(np.ascontiguousarray(x)).reshape(-1, n), readonly(np.ascontiguousarray(y)).reshape(-1)
-        lo, hi, zc = np.float32(info.min), np.float32(info.max), _zp(c_zero_point)
-        sc = _f32(c_scale)
-        if mul:
-            _mul(xs, ys, out.reshape(-1, n), _f32(sx) * _f32(sy) / sc, _zp(zx), _zp(zy), zc, lo, hi)
-        else:
-            _add(xs, ys, out.reshape(-1, n), _f32(sx) / sc, _zp(zx), _f32(sy) / sc, _zp(zy), zc, lo, hi)
+        ops = fixed if fixed is not None else operands(a_scale, a_zero_point, b_scale, b_zero_point, c_scale,
+                                                       c_zero_point)
+        n = y.size  # y is the output's last axes (or all of it)
+        loop(readonly(np.ascontiguousarray(x)).reshape(-1, n), readonly(np.ascontiguousarray(y)).reshape(-1),
+             out.reshape(-1, n), *ops)
         return out
 
     return run
