@@ -303,3 +303,51 @@ def test_portable_lowering_writes_the_residual_back(tmp_path):
     want, got = (ort.InferenceSession(m.SerializeToString(), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
                  for m in (model, portable))
     np.testing.assert_array_equal(got, want)
+
+
+def _rounded_bias_model(op: str, gelu: bool) -> onnx.ModelProto:
+    """x -> Q/DQ -> Add (or Mul) of a vector along the last axis -> Q/DQ [-> Tanh -> Q/DQ]: a quantized linear layer's
+    bias between its product's rounding and its output's (the product here a graph input: no producer takes them)."""
+    vector = np.linspace(-0.7, 0.9, 8, dtype=np.float32)
+    inits = [numpy_helper.from_array(vector, "c")]
+    nodes, x = [], "x"
+    steps = [("first", 0.05, 3), (op, 0.04, -2)] + ([("Tanh", 0.01, 0)] if gelu else [])
+    for i, (step, s, z) in enumerate(steps):
+        if step == "Tanh":
+            nodes.append(helper.make_node("Tanh", [x], [f"y{i}"]))
+            x = f"y{i}"
+        elif step != "first":
+            nodes.append(helper.make_node(step, [x, "c"], [f"y{i}"]))
+            x = f"y{i}"
+        inits += [numpy_helper.from_array(np.float32(s), f"s{i}"), numpy_helper.from_array(np.int8(z), f"z{i}")]
+        nodes += [helper.make_node("QuantizeLinear", [x, f"s{i}", f"z{i}"], [f"q{i}"]),
+                  helper.make_node("DequantizeLinear", [f"q{i}", f"s{i}", f"z{i}"], [f"d{i}"])]
+        x = f"d{i}"
+    return make_model(nodes, [tensor("x", [4, 8])], [tensor(x, [4, 8])], inits, opset=13)
+
+
+@pytest.mark.parametrize("op", ["Add", "Mul"])
+def test_a_bias_between_two_roundings_is_one_rounding_node(op):
+    """Rounding -> Add (Mul) of a constant vector -> rounding, with no producer to take them in, builds to one
+    QuantizeDequantize holding the vector and the second rounding; outputs (ties, saturation, NaN) equal those of the
+    three nodes it replaces bit for bit (qdq_fusion's roundings keep NaN where QuantizeLinear's cast does not)."""
+    model = _rounded_bias_model(op, gelu=False)
+    engine = Engine(model)
+    (node,) = engine.graph.nodes
+    assert node.op_type == "QuantizeDequantize" and len(node.inputs) == (3 if op == "Add" else 2)
+    assert node.attrs["post_scale"] == pytest.approx(0.04) and (node.attrs["post_low"], node.attrs["post_high"]) == (
+        -126.0, 129.0)
+    x = (np.random.default_rng(3).standard_normal((4, 8)) * 4).astype(np.float32)
+    x[0, :4] = [np.nan, 0.025, -0.075, 1e9]
+    want = Engine(model, disabled_passes=["qdq_epilogue_fusion"]).run(None, {"x": x})[0]
+    assert len(Engine(model, disabled_passes=["qdq_epilogue_fusion"]).graph.nodes) == 3
+    np.testing.assert_array_equal(engine.run(None, {"x": x})[0], want)
+
+
+def test_a_rounding_after_a_bias_still_seeds_a_lookup():
+    """The merged rounding's output is on its second grid: the chain after it still becomes one Lookup reading it."""
+    model = _rounded_bias_model("Add", gelu=True)
+    engine = Engine(model)
+    assert [n.op_type for n in engine.graph.nodes] == ["QuantizeDequantize", "Lookup"]
+    x = (np.random.default_rng(4).standard_normal((4, 8)) * 4).astype(np.float32)
+    np.testing.assert_array_equal(engine.run(None, {"x": x})[0], Engine(model, passes="none").run(None, {"x": x})[0])

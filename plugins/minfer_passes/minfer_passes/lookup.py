@@ -72,9 +72,7 @@ def _grid(graph: Graph, value: str) -> tuple[float, float, float] | None:
         return None
     if graph.type_of(value).dtype != np.float32:
         return None
-    if node.op_type == "QuantizeDequantize" and (len(node.inputs) > 1 or node.attrs.get("post_scale")):
-        return None  # a rounding followed by * M, + A or another rounding: its output is not on the first grid
-    grid = _grid_of(node)
+    grid = _grid_of(node)  # a rounding's with * M, + A: none, unless a second rounding ends it (that one's grid)
     if grid is None or not grid[2] - grid[1] <= 255 or grid[0] <= 0:
         return None
     return grid
@@ -197,6 +195,8 @@ def _own_rounding(graph: Graph, seed: str, nodes: list[Node]) -> Node | None:
     """
     node = graph.producer(seed)
     if node is None or node.domain != MINFER_DOMAIN or node.op_type != "QuantizeDequantize" or seed in graph.outputs:
+        return None
+    if len(node.inputs) > 1 or node.attrs.get("post_scale"):  # its output is not its first rounding's grid
         return None
     if _grid(graph, seed) is None or any(c not in nodes for c in graph.consumers(seed)):
         return None

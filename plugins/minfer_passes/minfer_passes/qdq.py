@@ -37,7 +37,11 @@ producer's epilogue, where each tile is still in cache:
 - a Relu or Clip whose only reader is a QuantizeDequantize is folded into its
   bounds, and a QuantizeDequantize after MaxPool/Reshape/Transpose/... of
   values already on the same grid is removed (those ops move grid values, and
-  rounding a grid value again returns it).
+  rounding a grid value again returns it);
+- a rounding that no producer takes in (an integer MatMul's output), read only
+  by an Add/Mul of a constant varying along one axis at most, read only by
+  another rounding, becomes one ``QuantizeDequantize(x, [M], [A])`` ending in
+  that rounding (``post_*``): a bias between two roundings in one pass.
 
 Both are exact (the property suite holds them to 1e-6): the rewritten graph
 computes what the DQ -> float op -> Q graph computes, as onnxruntime's
@@ -202,8 +206,8 @@ def _absorb_activation(graph: Graph, qd: Node) -> bool:
     params = _narrowed([a["scale"], a["low"], a["high"]], _bounds(graph, act, a["scale"]))
     if params is None:
         return False
-    attrs = {"scale": params[0], "low": params[1], "high": params[2]}
-    graph.replace([act, qd], Node(QDQ, [act.inputs[0]], qd.outputs, attrs, qd.name, MINFER_DOMAIN))
+    attrs = {**a, "scale": params[0], "low": params[1], "high": params[2]}  # its M, A and second rounding kept
+    graph.replace([act, qd], Node(QDQ, [act.inputs[0], *qd.inputs[1:]], qd.outputs, attrs, qd.name, MINFER_DOMAIN))
     return True
 
 
@@ -255,7 +259,7 @@ def _compose(graph: Graph, current: str, current_params: list[float], qd: Node) 
 def _into_producer(graph: Graph, qd: Node) -> bool:
     """The rounding as the producer's epilogue activation (after its own Relu/Clip, if any)."""
     p = graph.producer(qd.inputs[0])
-    if p is None or p.domain != MINFER_DOMAIN or p.op_type not in EPILOGUE_OPS or len(p.outputs) != 1:
+    if not _plain(qd) or p is None or p.domain != MINFER_DOMAIN or p.op_type not in EPILOGUE_OPS or len(p.outputs) != 1:
         return False
     if p.outputs[0] in graph.outputs or graph.sole_consumer(p.outputs[0]) is not qd or _has_residual(p):
         return False
@@ -310,12 +314,44 @@ def _merge_post(graph: Graph, d: Node) -> bool:
     return True
 
 
+def _plain(node: Node | None) -> bool:
+    """Whether ``node`` is a QuantizeDequantize that only rounds (no * M, + A or second rounding)."""
+    return _is(node, QDQ, MINFER_DOMAIN) and len(node.inputs) == 1 and not node.attrs.get("post_scale")
+
+
+def _merge_rounding(graph: Graph, qd: Node) -> bool:
+    """A plain rounding whose sole reader adds (or multiplies by) a constant read only by another plain rounding:
+    one QuantizeDequantize(x, [M], [A]) ending in that rounding (a quantized linear layer's bias between the
+    product's rounding and the output's, where the product is no Dequant* node to take them in its epilogue).
+    The constant may vary along one axis at most (a bias, a per-channel scale)."""
+    y = qd.outputs[0]
+    reader = graph.sole_consumer(y)
+    if not _plain(qd) or y in graph.outputs or reader is None or reader.domain or reader.op_type not in ("Add", "Mul"):
+        return False
+    found = _post_operands(graph, reader, y)
+    last = graph.sole_consumer(reader.outputs[0])
+    if found is None or reader.outputs[0] in graph.outputs or not _plain(last):
+        return False
+    mul, add, _, _ = found
+    value = const(graph, mul or add)
+    if sum(d > 1 for d in value.shape) > 1:
+        return False
+    a = last.attrs
+    attrs = {**qd.attrs, "post_scale": a["scale"], "post_low": a["low"], "post_high": a["high"]}
+    inputs = [qd.inputs[0], mul, add] if add else [qd.inputs[0], mul]
+    graph.replace([qd, reader, last], Node(QDQ, inputs, last.outputs, attrs, qd.name, MINFER_DOMAIN))
+    return True
+
+
 def _grid_of(node: Node | None) -> tuple[float, float, float] | None:
     """The (scale, low, high) grid ``node``'s output is on, when it ends in a QuantizeDequantize rounding."""
     if node is None or node.domain != MINFER_DOMAIN:
         return None
     if node.op_type == QDQ:
-        return node.attrs["scale"], node.attrs["low"], node.attrs["high"]
+        a = node.attrs
+        if a.get("post_scale"):  # a second rounding last: its grid
+            return a["post_scale"], a.get("post_low", 0.0), a.get("post_high", 0.0)
+        return None if len(node.inputs) > 1 else (a["scale"], a["low"], a["high"])
     if _has_residual(node):
         s, lo, hi = node.attrs["residual_params"]
         return float(s), float(lo), float(hi)
@@ -333,7 +369,7 @@ def _grid_of(node: Node | None) -> tuple[float, float, float] | None:
 def _redundant(graph: Graph, qd: Node) -> bool:
     """QuantizeDequantize of MaxPool/Reshape/... of values already on its grid: bypass it."""
     mover = graph.producer(qd.inputs[0])
-    if mover is None or mover.domain or mover.op_type not in GRID_KEEPING or not mover.inputs:
+    if not _plain(qd) or mover is None or mover.domain or mover.op_type not in GRID_KEEPING or not mover.inputs:
         return False
     source = graph.producer(mover.inputs[0])
     while source is not None and not source.domain and source.op_type in GRID_KEEPING and source.inputs:
@@ -356,7 +392,8 @@ def _epilogue_sweep(graph: Graph) -> bool:
         qd = node
         while qd in graph.nodes and _is(qd, QDQ, MINFER_DOMAIN) and _absorb_activation(graph, qd):
             qd, changed = graph.producer(qd.outputs[0]), True  # type: ignore[assignment]
-        if qd in graph.nodes and _is(qd, QDQ, MINFER_DOMAIN) and (_redundant(graph, qd) or _into_producer(graph, qd)):
+        if qd in graph.nodes and _is(qd, QDQ, MINFER_DOMAIN) and (
+                _redundant(graph, qd) or _into_producer(graph, qd) or _merge_rounding(graph, qd)):
             changed = True
     return changed
 
