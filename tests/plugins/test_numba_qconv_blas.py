@@ -61,6 +61,33 @@ def test_epilogues_and_centered_input(epilogue):
     _check(inputs, attrs)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [dict(hw=(28, 28), k=(1, 1)), dict(hw=(9, 10), k=(3, 3), pads=[1, 1, 1, 1])],
+                         ids=["1x1", "3x3"])
+def test_residual_and_its_rounding(shape, threads):
+    """A residual block's tail (the output's rounding, + Z, Z's rounding: a projection conv's in MobileNetV2) on each
+    unit, one thread or two, per-channel weights, NaN in Z: minfer-ops-conv's values."""
+    rng = np.random.default_rng(12)
+    inputs, attrs = _node(rng, c=48, m=32, residual=True, per_channel=True, **shape)
+    z = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32) * 3
+    z.reshape(-1)[::97] = np.nan
+    inputs[11] = z
+    _check(inputs, attrs, threads=threads)
+
+
+def test_residual_of_another_shape_is_refused():
+    from minfer_ops_numba import qconv_blas
+
+    rng = np.random.default_rng(13)
+    inputs, attrs = _node(rng, c=8, m=16, hw=(6, 6), k=(1, 1), residual=True)
+    ctx = _ctx(inputs, _out_shape(inputs, attrs))
+    run = qconv_blas.float_qlinear_conv_blas.fn(ctx, **attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
+    args[11] = np.zeros((1, 16, 6, 5), np.float32)
+    with pytest.raises(ValueError, match="residual"):
+        run(*args)
+
+
 def test_split_over_threads():
     """A conv big enough to split over two threads (bands of rows, or blocks of channels on a small map) gives the
     serial values."""
@@ -71,17 +98,24 @@ def test_split_over_threads():
         _check(inputs, attrs, threads=2)
 
 
-def test_holds_no_large_float_weight():
-    """The centered weights are held as float32: past MAX_WEIGHTS (16 KB) the kernel declines, so that a quantized
-    model's weights stay 8-bit (igemm's or numpy's kernel takes the node)."""
+def test_holds_8_bit_weights_and_declines_past_its_cap():
+    """The sgemm reads the centered weights as float32, written into scratch each run: the kernel holds the 8-bit
+    ones (a quantized model's weights stay 8-bit), so it takes weights up to MAX_WEIGHTS, past which the centering
+    would cost more than it saves (igemm's or numpy's kernel takes the node)."""
+    from bench.quantized import held_array_bytes
     from minfer_ops_numba import qconv_blas
 
     rng = np.random.default_rng(6)
-    small, attrs = _node(rng, c=32, m=128, hw=(7, 7), k=(1, 1))
-    big, _ = _node(rng, c=32, m=129, hw=(7, 7), k=(1, 1))
+    small, attrs = _node(rng, c=32, m=1024, hw=(7, 7), k=(1, 1))
+    big, _ = _node(rng, c=32, m=1025, hw=(7, 7), k=(1, 1))
     assert small[3].size == qconv_blas.MAX_WEIGHTS < big[3].size
-    assert qconv_blas.float_qlinear_conv_blas.applies(_ctx(small, _out_shape(small, attrs)), attrs)
+    ctx = _ctx(small, _out_shape(small, attrs))
+    assert qconv_blas.float_qlinear_conv_blas.applies(ctx, attrs)
     assert not qconv_blas.float_qlinear_conv_blas.applies(_ctx(big, _out_shape(big, attrs)), attrs)
+    run = qconv_blas.float_qlinear_conv_blas.prepared(ctx, attrs)
+    held = held_array_bytes(run)
+    # the 8-bit weights (32 KB) and per-channel operands (4 KB each); float32 weights alone would be 128 KB
+    assert small[3].nbytes <= held < 2 * small[3].nbytes, held
 
 
 def _scaled(rng, *, dynamic, c=12, m=20, hw=(9, 11), k=(1, 1), xt=np.uint8, affine=False, **attrs):

@@ -4,7 +4,7 @@ chain per unit in cache.
 igemm (qconv.py) loses to minfer-ops-conv's kernel on MobileNetV2's 1x1 convs of 16-32 input channels over wide
 maps, where writing out each sum costs more than the product; minfer-ops-conv's kernel there runs the float conv on
 the centered operands (sgemm) and its compiled Requantize from Python tile by tile. Here the conv is smallconv.py's
-compiled path on the centered weights (float32, held once): per unit (a band of output rows and a block of output
+compiled path on the centered weights (float32, written into scratch from the 8-bit ones each run): per unit (a band of output rows and a block of output
 channels) an im2col or none (a 1x1 stride-1 conv reads its input as it lies), one sgemm, then qdepthwise.py's
 `_requantize` on the unit's rows while they are in cache, over a native team when one runs. An input to quantize (or
 8-bit) is centered first, the whole of it, into scratch (`_center`).
@@ -32,17 +32,33 @@ from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 
-# the weights this kernel holds as float32 (4 bytes each, where the 8-bit kernels hold 1): at most 4k a node, 16 KB
-# (MobileNetV2's 1x1 convs over 56x56 and 112x112 maps, 0.5-3.5k weights, where the sgemm path wins most). At 16k
-# the test suite's MobileNetV2 could hold 0.05x more of its float model's bytes, past issue 15's 0.35x (0.36 seen)
-MAX_WEIGHTS = 4096
+# the weights this kernel takes: its sgemm reads them centered as float32, which it writes into scratch each run
+# (~1 us a 4k weight), holding the 8-bit ones. Up to MobileNetV2's 1x1 convs of 32-64 output channels over 14x14 and
+# 28x28 maps (4.6-24.6k weights: 120-230 us in minfer-ops-conv's kernel, 60-90 here); larger weights pay their
+# centering on maps where igemm wins anyway.
+MAX_WEIGHTS = 32768
 
 
 @jit
-def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, params):  # pragma: no cover
+def _plus_residual(yf, z, at, m0, m1, cells, stride, grid):  # pragma: no cover - compiled
+    """y += z, then QuantizeDequantize on ``grid`` (scale, low, high: divide, rint, clip, multiply, as its kernels
+    do) on channels m0..m1 of a unit (``cells`` values from ``at``, channels ``stride`` apart): a quantized residual
+    block's Add and rounding while the unit is in cache."""
+    scale, low, high = grid[0], grid[1], grid[2]
+    for ch in range(m1 - m0):
+        base = at + ch * stride
+        for j in range(cells):
+            v = np.rint((yf[uintp(base + j)] + z[uintp(base + j)]) / scale)
+            v = low if v < low else (high if v > high else v)
+            yf[uintp(base + j)] = v * scale
+
+
+@jit
+def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, params, z, grid):  # pragma: no cover
     """Units lo..hi of ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels): smallconv.py's
     `units_of` (an im2col into ``cf`` unless ``direct``, a BLAS GEMM an image into y's rows) with `_requantize`
-    on the unit's rows as the epilogue. ``full``: the centered weights (M, K + 1), a last column of zeros."""
+    on the unit's rows as the epilogue, then, when ``z`` (flat, y's shape) is not empty, `_plus_residual`.
+    ``full``: the centered weights (M, K + 1), a last column of zeros."""
     mm, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
     k = xs.shape[1] if direct else rows
     yf, x0, y0, w0 = y.reshape(-1), np.int64(xs.ctypes.data), np.int64(y.ctypes.data), np.int64(full.ctypes.data)
@@ -59,15 +75,30 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
             gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
                  ohw, np.float32(0))
             _requantize(yf, at, m0, m1, ncols, ohw, m, c, s, b, params)
+            if z.size:
+                _plus_residual(yf, z, at, m0, m1, ncols, ohw, grid)
 
 
 @jit(parallel=True)
-def _team_units(address, xs, full, y, found, geos, cols, direct, m, c, s, b, params):  # pragma: no cover
+def _team_units(address, xs, full, y, found, geos, cols, direct, m, c, s, b, params, z, grid):  # pragma: no cover
     """`_units` over a native team (team.py): part t of the units on team thread t, with row t of ``cols``."""
     parts, count = cols.shape[0], found.shape[0]
     for t in prange(parts):
         _units(address, xs, full, y, found, geos, cols[t], direct, count * t // parts, count * (t + 1) // parts,
-               m, c, s, b, params)
+               m, c, s, b, params, z, grid)
+
+
+@jit
+def _center_weights(w, zero, full):  # pragma: no cover - compiled
+    """full[:, :K] = w - zero (one a row, or one for all), full[:, K] = 0: the GEMM's operand (M, K + 1) and its
+    zero bias column, from the 8-bit weights (M, K). Exact: integers."""
+    k = w.shape[1]
+    per_row = zero.size > 1
+    for i in range(w.shape[0]):
+        z = zero[uintp(i)] if per_row else zero[0]
+        for j in range(k):
+            full[uintp(i), uintp(j)] = np.float32(w[uintp(i), uintp(j)]) - z
+        full[uintp(i), uintp(k)] = np.float32(0)
 
 
 @jit
@@ -84,10 +115,13 @@ def _weight_fits(ctx: Any, x: Any, w: Any, zp_index: int) -> bool:
         return False
     if w is None or w.ndim != 4 or w.dtype not in EIGHT_BIT or w.size == 0 or x.shape[1] != w.shape[1]:
         return False
-    if w.size > MAX_WEIGHTS:  # held as float32: a quantized model's weights are to stay 8-bit
+    if w.size > MAX_WEIGHTS:  # centered each run: a cost that grows with the weight
         return False
     wz = _constant(ctx, zp_index)
     return not (wz is None and _given(ctx, zp_index) or wz is not None and wz.size not in (1, w.shape[0]))
+
+
+NO_GRID = readonly(np.zeros(3, np.float32))
 
 
 def _window_fits(attrs: dict) -> bool:
@@ -96,13 +130,14 @@ def _window_fits(attrs: dict) -> bool:
 
 def _fits(ctx: Any, attrs: dict) -> bool:
     """FloatQLinearConv: group 1, a 4-D input (float32 with ``float_input`` 1 or 2, else 8-bit), a small constant
-    8-bit weight (`_weight_fits`), constant quantization parameters and bias, S and B, float32 output, no residual,
-    exact float32 sums, this plugin's compiled Requantize as the epilogue, numpy's sgemm callable from compiled
-    code."""
+    8-bit weight (`_weight_fits`), constant quantization parameters and bias, S and B, float32 output, a residual Z
+    exactly when its rounding is given, exact float32 sums, this plugin's compiled Requantize as the epilogue,
+    numpy's sgemm callable from compiled code."""
     x, w = input_type(ctx, 0), _constant(ctx, 3)
     if not attrs.get("float_output") or attrs.get("float_input", 0) not in (0, 1, 2) or attrs.get("group", 1) != 1:
         return False
-    if attrs.get("residual_rounding") or _given(ctx, 11) or not _window_fits(attrs) or not _weight_fits(ctx, x, w, 5):
+    if bool(attrs.get("residual_rounding")) != _given(ctx, 11) or not _window_fits(attrs) or \
+            not _weight_fits(ctx, x, w, 5):
         return False
     xz, yz = _constant(ctx, 2), _constant(ctx, 7)
     if xz is None or yz is None or xz.size != 1 or yz.size != 1 or xz.dtype not in EIGHT_BIT:
@@ -139,19 +174,21 @@ def _scaled_fits(ctx: Any, attrs: dict) -> bool:
 
 
 class Product:
-    """One node's integer conv as sgemm on its centered weights (float32, held once; a zero bias column) over
-    smallconv.py's compiled units, per input shape, with `_requantize`'s ``chain`` per unit."""
+    """One node's integer conv as sgemm on its centered weights (float32 (M, K + 1) with a zero bias column, written
+    into scratch each run from the 8-bit weights it holds) over smallconv.py's compiled units, per input shape, with
+    `_requantize`'s ``chain`` per unit."""
 
     def __init__(self, ctx: Any, w: np.ndarray, wz: np.ndarray | None, attrs: dict, chain: np.ndarray) -> None:
-        zero = 0.0 if wz is None else np.asarray(wz, np.float64).reshape(-1, 1, 1, 1)
-        centered = (w.astype(np.float64) - zero).astype(np.float32)  # exact integers
+        zero = np.zeros(1, np.float32) if wz is None else np.asarray(wz, np.float32).reshape(-1)
         x_type = input_type(ctx, 0)
+        geometry = np.zeros(w.shape, np.float32)  # smallconv.Node's packing, for the plans: its shape is what counts
         inner = KernelContext(ctx.node_name, "Conv", 11, (TensorType(np.float32, x_type.shape),
-                                                          TensorType(np.float32, centered.shape)),
-                              tuple(ctx.output_types), (None, centered), 1)
+                                                          TensorType(np.float32, w.shape)),
+                              tuple(ctx.output_types), (None, geometry), 1)
         self.node = smallconv.Node(inner, attrs.get("auto_pad") or "NOTSET", attrs.get("dilations"), 1,
                                    attrs.get("pads"), attrs.get("strides"))
-        self.full = readonly(np.ascontiguousarray(self.node.packed[0]))
+        self.node.packed = np.broadcast_to(np.float32(0), self.node.packed.shape)  # the shape, without its bytes
+        self.w, self.zero = readonly(np.ascontiguousarray(w.reshape(w.shape[0], -1))), readonly(zero)
         self.chain, self.address = chain, team.gemm_address()
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
         globals()["gemm"] = team.install()  # before _units compiles: it looks the name up here
@@ -159,42 +196,56 @@ class Product:
     def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
         """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's
         driver where a native team may run, and the input's centering."""
-        m, rows = self.full.shape
+        full = self.centered()
+        m, rows = full.shape
         x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
         y = np.zeros((1, m, 1), np.float32)
         found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
         geos = np.zeros((1, 12), np.int64)
         geos[0, 11] = 1
-        args = (self.address, x, self.full, y, found, geos)
-        _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, self.chain)
+        args = (self.address, x, full, y, found, geos)
+        _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, self.chain, EMPTY, NO_GRID)
         if team.available():
-            _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, self.chain)
+            _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, self.chain, EMPTY, NO_GRID)
         if mode != CENTERED:
             _center_all(readonly(np.zeros((1, rows - 1, 1, 1), dtype)), np.zeros(x.shape, np.float32), mode, quant)
 
-    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple) -> np.ndarray:
-        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands."""
+    def centered(self) -> np.ndarray:
+        """The GEMM's weight operand (M, K + 1) in this thread's scratch (valid until its next call)."""
+        full = scratch("minfer_ops_numba-qconv-blas-w", (self.w.shape[0], self.w.shape[1] + 1), np.float32)
+        _center_weights(self.w, self.zero, full)
+        return readonly(full)
+
+    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple, z: np.ndarray | None = None,
+                 grid: np.ndarray = None) -> np.ndarray:
+        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands, then
+        + z and the rounding on ``grid`` when z is given."""
         found, geos, size, direct, shape = self.plans.get(x.shape) or self.plans.setdefault(
             x.shape, self.node.compiled_plan(x))
         y = np.empty(shape, np.float32)
         if y.size == 0:
             return y
+        if z is None:
+            z, grid = EMPTY, NO_GRID
+        elif z.shape != y.shape:
+            raise ValueError(f"FloatQLinearConv: the residual Z is {z.shape}, the output {y.shape}: they must match")
+        else:
+            z = readonly(np.ascontiguousarray(z, np.float32)).reshape(-1)
+        operands = (*operands, self.chain, z, grid)
         xs = readonly(np.ascontiguousarray(x))
         if mode != CENTERED:  # every unit reads all of x: centered once, first
             xq = scratch("minfer_ops_numba-qconv-blas-x", x.shape, np.float32)
             _center_all(xs, xq, mode, quant)
             xs = readonly(xq)
-        args = (self.address, xs, self.full, y.reshape(shape[0], shape[1], -1), found, geos)
+        args = (self.address, xs, self.centered(), y.reshape(shape[0], shape[1], -1), found, geos)
         threads = team.size() if len(found) > 1 else 1
         if threads > 1:  # one range, which the driver splits itself: a process team's ranks still write y only here
             cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), size), np.float32)
-            parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands, self.chain), parts=1,
-                         outputs_only=True)
+            parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands), parts=1, outputs_only=True)
             return y
 
         def span(lo: int, hi: int) -> None:
-            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands,
-                   self.chain)
+            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands)
 
         parallel_for(len(found), span, parts=None if intra_op_threads() > 1 else 1, outputs_only=True)
         return y
@@ -221,10 +272,11 @@ def float_qlinear_conv_blas(ctx, *, float_input=0, float_output=0, activation=""
     operands = (_operand(per_channel), _operand(None if bias is None else bias.astype(np.float32)),
                 _operand(_constant(ctx, 9)), _operand(_constant(ctx, 10)))
     conv.warm(mode, input_type(ctx, 0).dtype, quant, operands)
+    grid = None if residual_rounding is None else readonly(np.asarray(residual_rounding, np.float32).reshape(3))
 
     def run(x, x_scale=None, x_zero_point=None, w=None, w_scale=None, w_zero_point=None, y_scale=None,
-            y_zero_point=None, b=None, s=None, a=None):
-        return conv(x, mode, quant, operands)
+            y_zero_point=None, b=None, s=None, a=None, z=None):
+        return conv(x, mode, quant, operands, z, grid)
 
     return spmd(run)
 
