@@ -112,3 +112,43 @@ def test_a_conv_of_a_weight_input_runs_it_and_matches_onnxruntime(monkeypatch):
     assert engine.program.specs[0].kernel.fn is liveconv.conv.fn
     np.testing.assert_allclose(engine.run(None, {"x": x, "w": w})[0], ort_run(model, {"x": x, "w": w})[0],
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("bounds", [(-128.0, 127.0), (0.0, 255.0), (-3.0, 40.0)], ids=["int8", "uint8", "narrowed"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_dequant_conv_s_rounding_runs_in_the_units(bounds, threads):
+    """minfer-passes' DequantConv rounding epilogue describes itself (``spec``: QuantizeDequantize, [scale, low,
+    high]): the units apply it in compiled code (team.finish's ROUND) instead of calling it on the whole output
+    after; its values are the registered rounding kernel's (ties, saturation both ways, a Relu-narrowed grid)."""
+    from minfer_core import TensorType
+    from minfer_passes.qdq_ops import _rounding
+
+    xs, ms, attrs, bias = CASES[0]
+    x, w, b = case(xs, ms, bias)
+    x[0, 0, :2, :2] = 40.0  # sums far past the grid: saturated
+    run = prepared(x, w, b, attrs)
+    shape = onnx_conv(x, w, b, attrs).shape
+    scale = 0.0125  # sums on many .5 ties of the grid: rint to even
+    epilogue = _rounding(TensorType(np.dtype(np.float32), shape), [scale, *bounds], None, None, None)
+    assert epilogue.spec[0] == "QuantizeDequantize" and team.native(epilogue)[0] == team.ROUND
+    calls = []
+
+    def called(y, region):  # the same rounding, without a description: the kernel must call it
+        calls.append(region)
+        epilogue(y, region)
+
+    with using_threads(threads):
+        got = run(x, w, b, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        want = run(x, w, b, out=np.full(shape, np.nan, np.float32), epilogue=called)
+    assert calls  # the description-less one was called; the described one ran in the units
+    np.testing.assert_array_equal(got, want)
+    k = np.round(got / np.float32(scale))
+    assert k.min() == bounds[0] or k.max() == bounds[1]  # the bounds were reached
+
+
+def test_roundings_without_a_compiled_form_are_called():
+    """Bounds that are not integers in [-2048, 2048) (ROUND packs them in one float32) or a scale <= 0 have no
+    compiled form: the kernel calls the epilogue."""
+    assert team.activation_form("QuantizeDequantize", (0.1, -2048.0, 2047.0))[0] == team.ROUND
+    for params in [(0.1, -3000.0, 5.0), (0.1, 0.5, 3.0), (0.0, -128.0, 127.0), (0.1, 5.0, 4.0), (0.1, 1.0)]:
+        assert team.activation_form("QuantizeDequantize", params) is None, params

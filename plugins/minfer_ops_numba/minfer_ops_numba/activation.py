@@ -58,7 +58,30 @@ LINE = 16  # elements per cache line: a team's shares start on one, so that no l
 F32_MAX = 3.4028234663852886e38  # Clip-6's default bounds, as minfer-ops-basic's
 
 # what `_value` computes (its ``op``); a and b are its two parameters
-CLIP, LEAKY_RELU, HARD_SIGMOID, HARD_SWISH = 0, 1, 2, 3
+CLIP, LEAKY_RELU, HARD_SIGMOID, HARD_SWISH, ROUND = 0, 1, 2, 3, 4
+# ROUND is minfer-passes' QuantizeDequantize rounding, clip(rint(v / scale), low, high) * scale, with quant.py's
+# kernel's operations in its order: a is the scale, b the integer bounds as one float32, ``(high + BOUND) * SPAN +
+# (low + BOUND)`` (exact: below 2**24; `round_bounds`), unpacked by exact float32 operations the loop hoists
+BOUND, SPAN = 2048, 4096
+
+
+def round_bounds(low: float, high: float) -> np.float32 | None:
+    """ROUND's ``b`` for integer bounds low <= high (None when either is not an integer in [-BOUND, BOUND))."""
+    if not all(float(v).is_integer() and -BOUND <= v < BOUND for v in (low, high)) or low > high:
+        return None
+    return np.float32((high + BOUND) * SPAN + (low + BOUND))
+
+
+@jit
+def _round(v, scale, bounds):  # pragma: no cover - compiled
+    """clip(rint(v / scale), low, high) * scale, the bounds unpacked from ``bounds`` (`round_bounds`); NaN kept."""
+    upper = np.floor(bounds / np.float32(SPAN))
+    low = bounds - upper * np.float32(SPAN) - np.float32(BOUND)
+    high = upper - np.float32(BOUND)
+    v = np.rint(v / scale)
+    v = low if v < low else v
+    v = high if v > high else v
+    return v * scale
 
 
 @jit
@@ -69,6 +92,8 @@ def _value(v, op, a, b):  # pragma: no cover - compiled
         return t if (t < b or t != t) else b
     if op == LEAKY_RELU:
         return v * a if v < 0 else v
+    if op == ROUND:
+        return _round(v, a, b)
     t = a * v + b
     t = np.float32(0) if t < 0 else t
     t = np.float32(1) if t > 1 else t

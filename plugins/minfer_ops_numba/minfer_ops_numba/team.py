@@ -44,7 +44,8 @@ import numpy as np
 from minfer_core import claim_threads, intra_op_threads
 
 from ._jit import jit, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .activation import CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, _value  # noqa: F401 (_value: compiled)
+from .activation import (CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, ROUND, _value,  # noqa: F401
+                         round_bounds)  # (_value: compiled)
 
 ENV = "MINFER_NUMBA_TEAM"
 # How long an OpenMP thread spins for work (and the caller for its team at a loop's end) before it sleeps, unless
@@ -260,6 +261,12 @@ def _leaky(p: list[float]) -> tuple[int, float, float] | None:
     return (LEAKY_RELU, alpha, 0.0) if alpha > 0 else None  # activation.py's condition for numpy's bits
 
 
+def _rounding(p: list[float]) -> tuple[int, float, float] | None:
+    """minfer-passes' rounding epilogue, params [scale, low, high] (a DequantConv's): ROUND (activation.py)."""
+    bounds = round_bounds(p[1], p[2]) if len(p) == 3 and p[0] > 0 else None
+    return None if bounds is None else (ROUND, p[0], float(bounds))
+
+
 _FORMS = {
     "": lambda p: (NONE, 0.0, 0.0),
     "Relu": lambda p: (CLIP, 0.0, np.inf),
@@ -267,6 +274,7 @@ _FORMS = {
     "LeakyRelu": _leaky,
     "HardSigmoid": lambda p: (HARD_SIGMOID, p[0] if p else 0.2, p[1] if len(p) > 1 else 0.5),
     "HardSwish": lambda p: (HARD_SWISH, 1 / 6, 0.5),
+    "QuantizeDequantize": _rounding,
 }
 
 

@@ -116,6 +116,8 @@ def _rounding(out_type: TensorType | None, params: list[float], mul: np.ndarray 
         fn(part, None if mul is None else _part_of(mul, y.ndim, region),
            None if add is None else _part_of(add, y.ndim, region), out=part)
 
+    if mul is None and add is None and not post_params:  # the rounding alone: a compiled kernel may apply it itself
+        finish.spec = (QDQ, (scale, low, high), None)  # type: ignore[attr-defined]
     return finish
 
 
