@@ -152,3 +152,39 @@ def test_roundings_without_a_compiled_form_are_called():
     assert team.activation_form("QuantizeDequantize", (0.1, -2048.0, 2047.0))[0] == team.ROUND
     for params in [(0.1, -3000.0, 5.0), (0.1, 0.5, 3.0), (0.0, -128.0, 127.0), (0.1, 5.0, 4.0), (0.1, 1.0)]:
         assert team.activation_form("QuantizeDequantize", params) is None, params
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("chain", ["mul-add-post", "add", "scalar-mul-post"])
+def test_a_dequant_conv_s_whole_rounding_chain_runs_in_the_units(chain, threads):
+    """The rounding, BatchNormalization's * M + A (per channel, or one value) and the next rounding (a QDQ model's
+    conv -> BN between Q/DQ pairs) described by ``epilogue.rounding``: applied on each unit by quant.py's compiled
+    loop, with the values of the epilogue called (the registered rounding kernel on the whole output)."""
+    from minfer_core import TensorType
+    from minfer_passes.qdq_ops import _rounding
+
+    xs, ms, attrs, bias = CASES[0]
+    x, w, b = case(xs, ms, bias)
+    run = prepared(x, w, b, attrs)
+    shape = onnx_conv(x, w, b, attrs).shape
+    rng = np.random.default_rng(9)
+    m = (1 + 0.3 * rng.standard_normal((1, shape[1], 1, 1))).astype(np.float32)
+    a = (0.2 * rng.standard_normal((shape[1], 1, 1))).astype(np.float32)
+    mul, add, post = {"mul-add-post": (m, a, [0.03, 0.0, 255.0]), "add": (None, a, None),
+                      "scalar-mul-post": (np.full((1, 1, 1, 1), 1.7, np.float32), None, [0.05, -128.0, 127.0])}[chain]
+    epilogue = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], mul, add, post)
+    assert liveconv._rounding(epilogue, shape[1], 4) is not None
+    calls = []
+
+    def called(y, region):
+        calls.append(region)
+        epilogue(y, region)
+
+    with using_threads(threads):
+        got = run(x, w, b, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        want = run(x, w, b, out=np.full(shape, np.nan, np.float32), epilogue=called)
+    assert calls
+    np.testing.assert_array_equal(got, want)
+    spatial = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], None,
+                        np.ones((1, 1) + shape[2:], np.float32), None)
+    assert liveconv._rounding(spatial, shape[1], 4) is None  # an A along other axes than the channels: called

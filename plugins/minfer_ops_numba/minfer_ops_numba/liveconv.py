@@ -6,7 +6,10 @@ numpy's took one, which splits over `parallel_for` (serially in a run whose thre
 packs the weight per tile (quantized resnet50: its 1x1 DequantConvs took 11.5 of 29 ms on two threads). Here the
 run's weight, as it comes (DequantConv's scratch: no copy), is the GEMM's (M, K) left operand of smallconv's
 compiled units (`smallconv.units_of`/`team_units`: im2col without its row of ones, BLAS from compiled code, the
-epilogue adding the bias, as smallconv's 1x1 stride-1 path does), over a native team when one runs. An epilogue without a compiled form (DequantConv's rounding) runs once, on the whole output, after.
+epilogue adding the bias, as smallconv's 1x1 stride-1 path does), over a native team when one runs. DequantConv's
+rounding epilogue (the rounding, ``* M``, ``+ A`` per channel, a second rounding: ``epilogue.rounding``) runs on
+each unit while it is in cache, by quant.py's compiled QuantizeDequantize loop (`_rounded_units`); an epilogue
+with neither a compiled form nor that description runs once, on the whole output, after.
 The units come from the shape alone, as smallconv's: the same BLAS calls at any thread count.
 """
 
@@ -19,8 +22,58 @@ import numpy as np
 from minfer_core import KernelContext, TensorType, kernel, parallel_for, scratch
 
 from . import smallconv, team
-from ._jit import F32, PRIORITY, input_type, is_float32, readonly
-from .team import NOTHING
+from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .quant import _channel_axis
+from .quant import _requantize as _rounding_loop  # noqa: F401 (compiled code calls it)
+from .smallconv import units_of  # noqa: F401 (compiled code calls it)
+from .team import NONE, NOTHING, prange  # noqa: F401 (prange: numba's at compile)
+
+
+@jit
+def _rounded_units(address, xs, full, bias, y, found, geos, cf, direct, lo, hi, m, a, walk, params):  # pragma: no cover
+    """Units lo..hi of smallconv's `units_of` (the bias added), each then rounded in place while in cache: quant.py's
+    QuantizeDequantize loop on the unit's channels (``walk``: whether to multiply and to add; m, a one value or one a
+    channel; ``params`` its grids)."""
+    mm, ohw = y.shape[1], y.shape[2]
+    yf = y.reshape(-1)
+    ms, as_ = m.size > 1, a.size > 1
+    for u in range(lo, hi):
+        units_of(address, xs, full, bias, y, NOTHING, found, geos, cf, direct, NONE, np.float32(0),
+                 np.float32(0), u, u + 1)
+        i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
+        ncols = (r1 - r0) * geos[u, 11]
+        part = np.empty(7, np.int64)  # one image's unit: m1 - m0 runs of ncols values, ohw apart
+        part[0], part[1], part[2], part[3], part[4], part[5], part[6] = 1, 0, m1 - m0, ohw, ncols, walk[0], walk[1]
+        for i in range(i0, i1):
+            at = (i * mm + m0) * ohw + r0 * geos[u, 11]
+            flat = yf[uintp(at):]
+            _rounding_loop(flat, flat, part, m[m0:m1] if ms else m, a[m0:m1] if as_ else a, params)
+
+
+@jit(parallel=True)
+def _rounded_team(address, xs, full, bias, y, found, geos, cols, direct, m, a, walk, params):  # pragma: no cover
+    """`_rounded_units` over a native team: part t of the units on team thread t, with row t of ``cols``."""
+    parts, count = cols.shape[0], found.shape[0]
+    for t in prange(parts):
+        _rounded_units(address, xs, full, bias, y, found, geos, cols[t], direct, count * t // parts,
+                       count * (t + 1) // parts, m, a, walk, params)
+
+
+def _rounding(epilogue: Any, channels: int, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """`_rounded_units`' (m, a, walk flags, params) for an epilogue describing a rounding (``epilogue.rounding``:
+    (scale, low, high), M, A, the second grid or None; minfer-passes' Dequant* ops), None when it has no such
+    description or M or A varies along another axis than the channels'."""
+    found = getattr(epilogue, "rounding", None)
+    if found is None:
+        return None
+    grid, mul, add, post = found
+    operands = []
+    for v in (mul, add):
+        if v is not None and (_channel_axis(v.shape, rank) not in (-1, 1) or v.size not in (1, channels)):
+            return None
+        operands.append(readonly(np.ones(1, np.float32) if v is None else np.asarray(v, np.float32).reshape(-1)))
+    params = readonly(np.asarray([*grid, *(post or (0.0, 0.0, 0.0))], np.float32))
+    return operands[0], operands[1], readonly(np.asarray([mul is not None, add is not None], np.int64)), params
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -55,7 +108,9 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     address = team.gemm_address()
     smallconv.__dict__["gemm"] = team.install()  # before smallconv's units compile (as its own kernel does)
     smallconv._warm_compiled(address, np.zeros((m, k), np.float32), readonly(np.zeros(m, np.float32)))
+    _warm_rounded(address, m, k)
     plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
+    roundings: dict[Any, Any] = {}  # an epilogue's `_rounding` (a DequantConv's is one object for all its runs)
 
     def run(x, w, b=None, *, out=None, epilogue=None):
         full = w.reshape(m, -1)  # the run's weight as it comes (DequantConv's scratch): no copy
@@ -69,13 +124,29 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         found, geos, size, direct, out_shape = plans[x.shape]
         after = fused is None or not team.fits(fused[3], out_shape)  # no compiled form: once, after the units
         op, a, bb, z = team.PLAIN if after else fused
+        rounded = None
+        if after and getattr(epilogue, "rounding", None) is not None:
+            rounded = roundings.get(epilogue, False)
+            if rounded is False:
+                if len(roundings) > 8:  # an epilogue made per run would pile up here
+                    roundings.clear()
+                rounded = roundings[epilogue] = _rounding(epilogue, m, len(out_shape))
         y = out if out is not None else np.empty(out_shape, np.float32)
         if y.size == 0:
             return y
         column = NOTHING if bias is None else readonly(np.ascontiguousarray(bias, np.float32))  # added by the epilogue
-        args = (address, readonly(np.ascontiguousarray(x)), full, column, y.reshape(out_shape[0], m, -1),
-                NOTHING if z is None else readonly(z.reshape(-1)), found, geos)
+        xs, y3 = readonly(np.ascontiguousarray(x)), y.reshape(out_shape[0], m, -1)
         threads = team.size() if len(found) > 1 else 1
+        if rounded is not None:  # a DequantConv's rounding: on each unit, in cache
+            args = (address, xs, full, column, y3, found, geos)
+            if threads > 1:
+                _rounded_team(*args, scratch("liveconv-team", (min(threads, len(found)), size), np.float32), direct,
+                              *rounded)
+            else:
+                parallel_for(len(found), lambda lo, hi: _rounded_units(
+                    *args, scratch("liveconv-unit", (size,), np.float32), direct, lo, hi, *rounded), outputs_only=True)
+            return y
+        args = (address, xs, full, column, y3, NOTHING if z is None else readonly(z.reshape(-1)), found, geos)
         if threads > 1:
             smallconv.team_units(*args, scratch("liveconv-team", (min(threads, len(found)), size), np.float32),
                                  direct, op, a, bb)
@@ -91,3 +162,18 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
 
     # not spmd: the epilogue after the units writes the whole output (a process team's ranks would each apply it)
     return run
+
+
+def _warm_rounded(address: int, m: int, k: int) -> None:
+    """Compile (or load) `_rounded_units` and its team driver at build, with a run's argument types."""
+    x = readonly(np.zeros((1, k, 1, 1), np.float32))
+    y = np.zeros((1, m, 1), np.float32)
+    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
+    geos = np.zeros((1, 12), np.int64)
+    geos[0, 11] = 1
+    one = readonly(np.ones(1, np.float32))
+    flags, params = readonly(np.zeros(2, np.int64)), readonly(np.array([1, -1, 1, 0, 0, 0], np.float32))
+    args = (address, x, np.zeros((m, k), np.float32), readonly(np.zeros(m, np.float32)), y, found, geos)
+    _rounded_units(*args, np.zeros(1, np.float32), True, 0, 1, one, one, flags, params)
+    if team.available():
+        _rounded_team(*args, np.zeros((1, 1), np.float32), True, one, one, flags, params)

@@ -116,8 +116,11 @@ def _rounding(out_type: TensorType | None, params: list[float], mul: np.ndarray 
         fn(part, None if mul is None else _part_of(mul, y.ndim, region),
            None if add is None else _part_of(add, y.ndim, region), out=part)
 
-    if mul is None and add is None and not post_params:  # the rounding alone: a compiled kernel may apply it itself
+    # described, so that a compiled kernel may apply it itself: the rounding alone as an activation (``spec``), and
+    # the whole chain (``rounding``: its grid, M, A, the second grid or None)
+    if mul is None and add is None and not post_params:
         finish.spec = (QDQ, (scale, low, high), None)  # type: ignore[attr-defined]
+    finish.rounding = ((scale, low, high), mul, add, tuple(post) if post_params else None)  # type: ignore[attr-defined]
     return finish
 
 
