@@ -357,10 +357,10 @@ class ScaledConv:
         if self.dynamic is None:
             zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
-        mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
-        if np.isfinite(mn) and np.isfinite(mx):
+        mn, mx = (x.min(), x.max()) if x.size else (np.float32(np.nan),) * 2
+        if -np.inf < mn and mx < np.inf:  # finite (NaN compares false)
             x_scale, zp = self.range_params(mn, mx)
-            zero = int(np.asarray(zp).reshape(-1)[0])
+            zero = int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])
             q, _ = qg.quantized(x, (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)), np.dtype(np.uint8),
                                 zero)
         else:  # NaN or an infinity: the kernel quantizes x itself, as the numpy kernel does

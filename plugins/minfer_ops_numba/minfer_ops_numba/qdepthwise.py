@@ -381,13 +381,14 @@ def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> t
     quantized on the way in; an x holding NaN or an infinity goes through the kernel itself (its 8-bit output, less
     its zero point)."""
     kernel, range_params = dynamic
-    mn, mx = (np.min(x), np.max(x)) if x.size else (np.float32(np.nan),) * 2
-    if np.isfinite(mn) and np.isfinite(mx):
+    mn, mx = (x.min(), x.max()) if x.size else (np.float32(np.nan),) * 2  # (methods: ~2 us less than np.min's)
+    if -np.inf < mn and mx < np.inf:  # finite (NaN compares false)
         x_scale, zp = range_params(mn, mx)
-        zero = np.float32(np.asarray(zp).reshape(-1)[0])
+        zero = zp if isinstance(zp, np.float32) else np.float32(np.asarray(zp).reshape(-1)[0])
         quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
     else:
         x, x_scale, zp = kernel(x)
         quant, mode = readonly(np.array([1, 0, 0, np.asarray(zp).reshape(-1)[0]], np.float32)), EIGHT
-    product = np.multiply(x_scale, weight_scale)  # the numpy kernel's Mul
-    return x, mode, quant, _operand(np.asarray(product, np.float32).reshape(1))
+    # the numpy kernel's Mul (two float32 scalars: their float32 product, as np.multiply makes it)
+    product = x_scale * weight_scale if isinstance(x_scale, np.float32) else np.multiply(x_scale, weight_scale)
+    return x, mode, quant, readonly(np.asarray(product, np.float32).reshape(1))
