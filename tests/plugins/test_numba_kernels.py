@@ -423,9 +423,30 @@ def test_the_cache_subfolder_changes_with_any_source_of_the_plugin(monkeypatch, 
         _jit.sources_key.cache_clear()
 
 
+def test_other_sources_folders_are_pruned(tmp_path):
+    """Beside this sources' folder, other minfer-ops-numba folders go when unused for STALE_DAYS or beyond the
+    KEEP_FOLDERS most recently used; other folders and files stay."""
+    now = 2_000_000_000.0
+    own = tmp_path / f"{_jit.PREFIX}own"
+    own.mkdir()
+    ages = {"a": 1, "b": 2, "c": 3, "d": 4, "e": 5, "stale": _jit.STALE_DAYS + 1}
+    for name, days in ages.items():
+        folder = tmp_path / f"{_jit.PREFIX}{name}"
+        (folder / "sub").mkdir(parents=True)
+        (folder / "sub" / "f.nbc").write_bytes(b"x")
+        os.utime(folder, (now - days * 86400, now - days * 86400))
+    (tmp_path / "another-tool").mkdir()
+    (tmp_path / f"{_jit.PREFIX}a-file").write_text("not a folder")
+    removed = _jit.prune(own, now)
+    assert sorted(p.name for p in removed) == [f"{_jit.PREFIX}e", f"{_jit.PREFIX}stale"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["another-tool", f"{_jit.PREFIX}a-file", f"{_jit.PREFIX}own"] + [f"{_jit.PREFIX}{n}" for n in "abcd"])
+
+
 def test_compiled_code_lands_in_the_cache_folder_and_numba_settings_are_restored(tmp_path):
     """In a fresh process with MINFER_CACHE set, preparing a kernel imports numba, compiles into $MINFER_CACHE/numba
-    and leaves numba's own CACHE_DIR as it was; importing the plugin alone does not import numba."""
+    and leaves numba's own CACHE_DIR as it was; importing the plugin alone does not import numba. The first compile
+    prunes a stale folder of other sources there."""
     script = """if True:
         import sys
         import numpy as np
@@ -439,8 +460,12 @@ def test_compiled_code_lands_in_the_cache_folder_and_numba_settings_are_restored
         assert numba.config.CACHE_DIR == "", numba.config.CACHE_DIR
         """
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
+    stale = tmp_path / "numba" / f"{_jit.PREFIX}older-sources"
+    stale.mkdir(parents=True)
+    os.utime(stale, (0, 0))  # last used in 1970: pruned at the first compile
     subprocess.run([sys.executable, "-c", script], env=dict(env, MINFER_CACHE=str(tmp_path)), check=True)
     assert list((tmp_path / "numba").rglob("*.nbc"))
+    assert not stale.exists()
 
 
 def test_every_kernel_outranks_numpy_and_declares_applies():

@@ -11,8 +11,10 @@ first match wins:
 
 each in a subfolder ``minfer-ops-numba-<hash of the plugin's sources>``
 (`sources_key`): an upgrade or an edit of any module compiles afresh, since
-numba checks a cached function against its own file only. Folders of older
-sources stay until the user removes them.
+numba checks a cached function against its own file only. Other sources'
+folders (older versions, other installs sharing the folder) are pruned once a
+process, at its first compile (`prune`): those unused for STALE_DAYS, and
+all but the KEEP_FOLDERS most recently used (~25 MB each).
 
 Only this plugin's functions are pointed there: numba's ``config.CACHE_DIR``
 is set while their dispatchers are made (numba picks a function's cache
@@ -35,8 +37,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
+import shutil
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,12 +49,47 @@ import numpy as np
 CACHE_ENV = "NUMBA_CACHE_DIR"
 
 
+# other sources' cache folders kept: the most recently used ones (another install sharing the folder touches its
+# own at each process's first compile), none unused for STALE_DAYS. A pruned one only costs its next user a compile
+KEEP_FOLDERS = 4
+STALE_DAYS = 30
+PREFIX = "minfer-ops-numba-"
+
+
 def cache_dir() -> Path:
     """The folder compiled kernels are cached in (see the module docstring for the order), in a subfolder named
     for this plugin's sources (`sources_key`)."""
     explicit = os.environ.get(CACHE_ENV)
     base = Path(explicit) if explicit else Path(os.environ.get("MINFER_CACHE") or Path.home() / ".cache" / "minfer") / "numba"
-    return base / f"minfer-ops-numba-{sources_key()}"
+    return base / f"{PREFIX}{sources_key()}"
+
+
+def prune(own: Path, now: float, keep: int = KEEP_FOLDERS, stale_days: float = STALE_DAYS) -> list[Path]:
+    """Remove the other ``minfer-ops-numba-*`` folders beside ``own`` that were last used (their modification time)
+    more than ``stale_days`` before ``now``, or that are not among the ``keep`` most recently used; the removed ones.
+    Errors (a folder another process removes, no permission) leave a folder in place, never raise."""
+    try:
+        others = [p for p in own.parent.iterdir() if p.name.startswith(PREFIX) and p != own and p.is_dir()]
+        used = sorted(((p.stat().st_mtime, p) for p in others), reverse=True)
+    except OSError:
+        return []
+    removed = []
+    for rank, (mtime, folder) in enumerate(used):
+        if rank >= keep or now - mtime > stale_days * 86400:
+            shutil.rmtree(folder, ignore_errors=True)
+            removed.append(folder)
+    return removed
+
+
+def _tend_cache() -> None:
+    """Once a process, at its first compile: mark this sources' folder used, then `prune` the others."""
+    own = cache_dir()
+    try:
+        own.mkdir(parents=True, exist_ok=True)
+        os.utime(own)
+    except OSError:
+        return  # an unwritable folder: numba falls back to its own locations
+    prune(own, time.time())
 
 
 @functools.lru_cache(maxsize=1)
@@ -86,6 +125,7 @@ class Compiled:
 
 
 _PENDING: dict[str, list[Compiled]] = {}
+_state: dict[str, bool] = {}
 _LOCK = threading.RLock()  # reentrant: a module compiles the modules whose functions it calls
 
 
@@ -108,6 +148,9 @@ def _compile_module(name: str) -> None:
         pending = _PENDING.pop(name, [])
         if not pending:
             return
+        if not _state.get("tended"):
+            _state["tended"] = True
+            _tend_cache()
         import numba
 
         namespace = vars(sys.modules[name])
