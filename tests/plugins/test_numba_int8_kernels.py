@@ -152,3 +152,81 @@ def test_qlinear_softmax_leaves_other_axes_to_numpy():
     types = (TensorType(np.dtype(np.uint8), (2, 3, 4)),) + (None,) * 4
     ctx = KernelContext("n", "QLinearSoftmax", 1, types, (None,), (None,) * 5, 1)
     assert not qlinear_softmax.qlinear_softmax.applies(ctx, {"axis": 1, "opset": 13})
+
+
+@pytest.mark.parametrize("a_type,b_type", [(np.uint8, np.int8), (np.uint8, np.uint8), (np.int8, np.int8)])
+@pytest.mark.parametrize("trans", [(0, 0), (1, 1), (0, 1)])
+@pytest.mark.parametrize("per_column,bias,float_output", [(False, True, False), (True, True, False), (True, False, True),
+                                                          (False, False, True)])
+@pytest.mark.parametrize("m", [1, 5])
+def test_qgemm_is_numpys_bits(a_type, b_type, trans, per_column, bias, float_output, m):
+    """com.microsoft QGemm of a constant weight (a row or two: compiled int64 sums over B as it lies; more: igemm):
+    minfer-ops-conv's numpy kernel's bits (exact sums, + C and float32 in float64, the float32 scale product in its
+    order, rounding half to even, saturation), transposed operands, per-column B scale and zero point, an int32
+    bias, quantized or float output, alpha."""
+    from minfer_ops_conv import qlinear
+    from minfer_ops_numba import igemm, qmatmul
+
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    rng = np.random.default_rng(sum(trans) + 3 * per_column + 5 * bias + m)
+    k, n = 300, 37
+    ai, bi = np.iinfo(a_type), np.iinfo(b_type)
+    a = rng.integers(ai.min, ai.max + 1, (k, m) if trans[0] else (m, k)).astype(a_type)
+    b = rng.integers(bi.min, bi.max + 1, (n, k) if trans[1] else (k, n)).astype(b_type)
+    cols = (n,) if per_column else ()
+    middle = lambda info: (int(info.min) + int(info.max) + 1) // 2  # noqa: E731 (zero points near the middle: sums
+    # of both signs, outputs inside the 8-bit range and at its ends)
+    inputs = [a, np.float32(0.013), np.asarray(middle(ai) + 3, a_type), b,
+              rng.uniform(0.002, 0.05, cols).astype(np.float32),
+              (middle(bi) + rng.integers(-9, 10, cols)).astype(b_type),
+              rng.integers(-5000, 5000, n).astype(np.int32) if bias else None]
+    if not float_output:
+        inputs += [np.float32(0.9), np.asarray(3, a_type)]
+    attrs = {"alpha": 0.75, "transA": trans[0], "transB": trans[1]}
+    types = tuple(None if v is None else TensorType(np.asarray(v).dtype, np.shape(v)) for v in inputs)
+    consts = tuple(None if i in (0, 1, 2) or v is None else np.asarray(v) for i, v in enumerate(inputs))
+    ctx = KernelContext("n", "QGemm", 1, types, (None,), consts, 1)
+    assert qmatmul.qgemm.applies(ctx, attrs)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+    got = qmatmul.qgemm.prepared(ctx, attrs)(*args)
+    want = qlinear.qgemm.prepared(ctx, attrs)(*inputs)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+    if not float_output:
+        info = np.iinfo(got.dtype)
+        assert np.any((got > info.min) & (got < info.max))  # not all saturated: the scaling is seen
+
+
+def test_qgemm_declines_a_computed_weight_and_sums_past_int32():
+    """A weight given at run, or one whose exact sums could pass int32 (igemm's accumulator), stays numpy's."""
+    from minfer_ops_numba import igemm, qmatmul
+
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    a, b = np.zeros((2, 70000), np.uint8), np.full((70000, 3), 127, np.int8)  # 255 * 127 * 70000 > 2**31
+    inputs = [a, np.float32(1), np.asarray(0, np.uint8), b, np.float32(1), np.asarray(0, np.int8)]
+    types = tuple(TensorType(np.asarray(v).dtype, np.shape(v)) for v in inputs)
+    big = KernelContext("n", "QGemm", 1, types, (None,), (None, None, None, b, None, inputs[5]), 1)
+    computed = KernelContext("n", "QGemm", 1, types, (None,), (None,) * 6, 1)
+    assert not qmatmul.qgemm.applies(big, {}) and not qmatmul.qgemm.applies(computed, {})
+
+
+def test_qgemm_few_rows_of_a_long_product_sum_in_int64():
+    """Past 33k inner values the uncentered partial sums could pass int32: a row's sums go in int64 (the weight's own
+    centered sums still fit int32, so the kernel applies); numpy's bits."""
+    from minfer_ops_conv import qlinear
+    from minfer_ops_numba import igemm, qmatmul
+
+    if not igemm.vnni():
+        pytest.skip("the kernel applies only on AVX-512 VNNI")
+    rng = np.random.default_rng(3)
+    k, n = 34000, 6
+    a = rng.integers(0, 256, (1, k)).astype(np.uint8)
+    b = rng.integers(126, 131, (k, n)).astype(np.uint8)  # near its zero point 128: small centered sums
+    inputs = [a, np.float32(0.01), np.asarray(0, np.uint8), b, np.float32(0.001), np.asarray(128, np.uint8)]
+    types = tuple(TensorType(np.asarray(v).dtype, np.shape(v)) for v in inputs)
+    ctx = KernelContext("n", "QGemm", 1, types, (None,), (None, None, None, b, inputs[4], inputs[5]), 1)
+    assert qmatmul.qgemm.applies(ctx, {}) and k * 255 * 255 >= 2**31
+    got = qmatmul.qgemm.prepared(ctx, {})(a, inputs[1], inputs[2], None, inputs[4], None)
+    np.testing.assert_array_equal(got, qlinear.qgemm.prepared(ctx, {})(*inputs))

@@ -1,4 +1,5 @@
-"""ScaledMatMulInteger, MatMulInteger and QLinearMatMul on `igemm`'s exact 8-bit GEMM (AVX-512 VNNI).
+"""ScaledMatMulInteger, MatMulInteger, QLinearMatMul and com.microsoft's QGemm on `igemm`'s exact 8-bit GEMM
+(AVX-512 VNNI).
 
 minfer-ops-basic multiplies 8-bit operands as float32 (OpenBLAS's sgemm, exact below 2**24), converting the
 weight to float32 at every run; here the product runs on ``vpdpbusd``, the weight held once as given (its column
@@ -20,7 +21,7 @@ import numpy as np
 from minfer_core import kernel, scratch
 
 from . import dynamic_quant, igemm
-from ._jit import PRIORITY, input_type, readonly
+from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -223,3 +224,102 @@ def _requantized(acc: np.ndarray, a: np.ndarray, a_scale: Any, b_scale: Any, y_s
         return y.astype(target)
     np.copyto(out, y, casting="unsafe")  # integers in range: exact
     return out
+
+
+# ---- com.microsoft QGemm (QOperator models' Gemm layers: a classifier's 1280x1000 or 2048x1000 weight) ------------
+
+MS = "com.microsoft"
+INT32 = 2**31
+FEW_ROWS = 4  # from here igemm (its panels of B packed at each call: ~0.2 ms for a 1280x1000 weight) pays
+
+
+@jit
+def _few_rows(a, b, za, zb, acc, row):  # pragma: no cover - compiled
+    """acc = (a - za) @ (b - zb) exactly for a few rows of an 8-bit a (M, K) and b (K, N), zb one value or one a
+    column: rows of b scaled by a's centered values and summed in ``row`` (N,) (a loop over b as it lies, which
+    vectorizes; int32 where K * 255 * 255 fits it, else int64), then each column's zero point times the row's sum
+    taken away. For a classifier at batch 1, where packing B's panels costs more than the product."""
+    n = b.shape[1]
+    per_column = zb.size > 1
+    kind = row.dtype.type
+    for i in range(a.shape[0]):
+        row[:] = 0
+        total = 0
+        for kk in range(a.shape[1]):
+            av = kind(np.int64(a[uintp(i), uintp(kk)]) - za)
+            total += np.int64(av)
+            if av != 0:
+                for j in range(n):
+                    row[uintp(j)] += av * kind(b[uintp(kk), uintp(j)])
+        for j in range(n):
+            column = j if per_column else 0
+            acc[uintp(i), uintp(j)] = row[uintp(j)] - total * zb[uintp(column)]
+
+
+def _qgemm_weight(ctx: Any, trans_b: int) -> np.ndarray | None:
+    """B as (K, N), when a constant 2-D 8-bit weight whose exact products int32 holds (|a - a_zp| <= 255 against
+    each column's L1 norm less its zero point), with a constant zero point (or none) of one value or one a column."""
+    b = _weight(ctx, 3)
+    if b is None:
+        return None
+    kn = np.ascontiguousarray(b.T) if trans_b else b
+    usable, zp = _zero_point(ctx, 5, kn.shape[1])
+    given = len(ctx.input_types) > 5 and ctx.input_types[5] is not None
+    if not usable or (given and zp is None):
+        return None
+    centered = np.abs(kn.astype(np.int64) - (0 if zp is None else np.asarray(zp, np.int64).reshape(-1)))
+    return kn if 255 * int(centered.sum(axis=0).max(initial=0)) < INT32 else None
+
+
+def _qgemm_applies(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """An 8-bit 2-D A, a constant weight (`_qgemm_weight`), one A scale and zero point, and VNNI."""
+    a = input_type(ctx, 0)
+    if a is None or a.dtype not in EIGHT_BIT or a.rank != 2 or not igemm.vnni():
+        return False
+    za = input_type(ctx, 2)
+    if za is not None and (za.shape is None or int(np.prod(za.shape)) != 1):
+        return False
+    return _qgemm_weight(ctx, int(attrs.get("transB", 0))) is not None
+
+
+@kernel("QGemm", domain=MS, since=1, priority=PRIORITY, prepare=True, packed=(3, 5), applies=_qgemm_applies)
+def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
+    """QGemm-1 (com.microsoft) of a constant 8-bit weight: the exact product on VNNI (int32), then minfer-ops-conv's
+    steps on it: + C and float32 in float64, times the float32 alpha * a_scale * b_scale (/ y_scale), rounded
+    half to even + y_zero_point, saturated; the same bits."""
+    weight = readonly(_qgemm_weight(ctx, transB))  # (K, N): a copy when transposed, else the original, as `packed`
+    packed, held_zp = igemm.pack_b(weight), _zero_point(ctx, 5, weight.shape[1])[1]
+    k, n = weight.shape
+    _compiled(np.int32)
+    a_dtype = input_type(ctx, 0).dtype
+    wide = np.int32 if k * 255 * 255 < INT32 else np.int64  # every partial sum of the uncentered products fits
+    _few_rows(readonly(np.zeros((1, k), a_dtype)), weight, 0, readonly(np.zeros(1, np.int64)),
+              np.zeros((1, n), np.int32), np.zeros(n, wide))
+    del ctx  # packed=(3, 5)
+
+    def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
+        am = a.T if transA else a
+        zb = held_zp if b_zero_point is None else b_zero_point
+        acc = scratch("minfer_ops_numba-qgemm-acc", (am.shape[0], n), np.int32)
+        za = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(-1)[0])
+        if am.shape[0] < FEW_ROWS:
+            zbv = readonly(np.zeros(1, np.int64) if zb is None else np.asarray(zb, np.int64).reshape(-1))
+            _few_rows(_rows(am, k), weight, za, zbv, acc, scratch("minfer_ops_numba-qgemm-row", (n,), wide))
+        else:
+            igemm.igemm(_rows(am, k), packed, acc, za, 0 if zb is None else zb)
+        v = acc.astype(np.float64)
+        if c is not None:
+            v += c.astype(np.float64)
+        scale = np.float32(alpha) * np.float32(np.asarray(a_scale).reshape(-1)[0]) * np.asarray(
+            b_scale, dtype=np.float32).reshape(-1)
+        if y_scale is None:
+            return v.astype(np.float32) * scale
+        w = v.astype(np.float32) * (scale / np.float32(np.asarray(y_scale).reshape(-1)[0]))
+        target = a.dtype if y_zero_point is None else np.asarray(y_zero_point).dtype
+        info = np.iinfo(target)
+        np.rint(w, out=w)
+        w += np.float32(0) if y_zero_point is None else np.float32(np.asarray(y_zero_point).reshape(-1)[0])
+        np.clip(w, info.min, info.max, out=w)
+        return w.astype(target)
+
+    return run
