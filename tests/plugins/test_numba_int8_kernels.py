@@ -147,6 +147,23 @@ def test_qlinear_softmax_is_numpys_bits(shape, dtype, zp, y_scale):
             np.testing.assert_array_equal(got, qlinear.qlinear_softmax.fn(*args, **attrs))
 
 
+@pytest.mark.parametrize("rows", [64, 100, 512])
+def test_qlinear_softmax_on_two_threads_is_the_same(rows):
+    """Rows shared over a native team (groups of 16, an uneven last one): the numpy kernel's bits."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_conv import qlinear
+
+    x = np.random.default_rng(rows).integers(0, 256, (rows, 77)).astype(np.uint8)
+    args = [x, np.float32(0.0625), np.asarray(0, np.uint8), np.float32(1 / 256), np.uint8(3)]
+    attrs = {"axis": -1, "opset": 13}
+    types = tuple(None if v is None else TensorType(np.asarray(v).dtype, np.shape(v)) for v in args)
+    ctx = KernelContext("n", "QLinearSoftmax", 1, types, (None,), (None,) * 5, 1)
+    run = qlinear_softmax.qlinear_softmax.prepared(ctx, attrs)
+    with using_threads(2):
+        got = run(*args)
+    np.testing.assert_array_equal(got, qlinear.qlinear_softmax.fn(*args, **attrs))
+
+
 def test_qlinear_softmax_leaves_other_axes_to_numpy():
     """A softmax over another axis than the last is not this kernel's."""
     types = (TensorType(np.dtype(np.uint8), (2, 3, 4)),) + (None,) * 4
