@@ -166,11 +166,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
 
 def _warm_rounded(address: int, m: int, k: int) -> None:
     """Compile (or load) `_rounded_units` and its team driver at build, with a run's argument types."""
-    x = readonly(np.zeros((1, k, 1, 1), np.float32))
-    y = np.zeros((1, m, 1), np.float32)
-    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
-    geos = np.zeros((1, 12), np.int64)
-    geos[0, 11] = 1
+    x, y, found, geos = smallconv.warm_unit(m, k)
     one = readonly(np.ones(1, np.float32))
     flags, params = readonly(np.zeros(2, np.int64)), readonly(np.array([1, -1, 1, 0, 0, 0], np.float32))
     args = (address, x, np.zeros((m, k), np.float32), readonly(np.zeros(m, np.float32)), y, found, geos)

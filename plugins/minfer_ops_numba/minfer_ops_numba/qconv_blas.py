@@ -4,10 +4,10 @@ chain per unit in cache.
 igemm (qconv.py) loses to minfer-ops-conv's kernel on MobileNetV2's 1x1 convs of 16-32 input channels over wide
 maps, where writing out each sum costs more than the product; minfer-ops-conv's kernel there runs the float conv on
 the centered operands (sgemm) and its compiled Requantize from Python tile by tile. Here the conv is smallconv.py's
-compiled path on the centered weights (float32, written into scratch from the 8-bit ones each run): per unit (a band of output rows and a block of output
-channels) an im2col or none (a 1x1 stride-1 conv reads its input as it lies), one sgemm, then qdepthwise.py's
-`_requantize` on the unit's rows while they are in cache, over a native team when one runs. An input to quantize (or
-8-bit) is centered first, the whole of it, into scratch (`_center`).
+compiled path on the centered weights (float32, written into scratch from the 8-bit ones each run): per unit (a
+band of output rows and a block of output channels) an im2col or none (a 1x1 stride-1 conv reads its input as it
+lies), one sgemm, then qdepthwise.py's `_requantize` on the unit's rows while they are in cache, over a native team
+when one runs. An input to quantize (or 8-bit) is centered first, the whole of it, into scratch (`_center`).
 
 The sums are exact: `applies` asks that the largest (255 times the weights' row L1 norm, plus the bias) is below
 2**24, where float32 holds every integer, so BLAS's order and fused multiply-adds change nothing and the values are
@@ -24,10 +24,9 @@ from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, par
 
 from . import smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
-from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given,
-                    _range_params, _scaled_epilogue)
+from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given, _scaled_epilogue
 from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize,  # noqa: F401
-                         dynamic_operands)
+                         scaled_run)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
@@ -198,11 +197,7 @@ class Product:
         driver where a native team may run, and the input's centering."""
         full = self.centered()
         m, rows = full.shape
-        x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
-        y = np.zeros((1, m, 1), np.float32)
-        found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
-        geos = np.zeros((1, 12), np.int64)
-        geos[0, 11] = 1
+        x, y, found, geos = smallconv.warm_unit(m, rows - 1)
         args = (self.address, x, full, y, found, geos)
         _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, self.chain, EMPTY, NO_GRID)
         if team.available():
@@ -290,18 +285,4 @@ def scaled_conv_integer_blas(ctx, *, activation="", activation_params=None, dyna
     attrs = dict(activation=activation, activation_params=activation_params, auto_pad=auto_pad, dilations=dilations,
                  pads=pads, strides=strides)
     conv = Product(ctx, _constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
-    xz = _constant(ctx, 2)
-    weight_scale = np.float32(_constant(ctx, 4).reshape(-1)[0])
-    affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
-    fixed = readonly(np.array([1, 0, 0, 0 if xz is None else xz.reshape(-1)[0]], np.float32))
-    one = _operand(np.ones(1, np.float32) * weight_scale)
-    dynamic = (_dynamic_quantizer(ctx), _range_params(ctx)) if dynamic_input else None
-    conv.warm(QUANTIZE if dynamic is not None else EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
-
-    def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
-        if dynamic is None:
-            return conv(x, EIGHT, fixed, (one, EMPTY, *affine))
-        x, mode, quant, m = dynamic_operands(dynamic, x, weight_scale)
-        return conv(x, mode, quant, (m, EMPTY, *affine))
-
-    return spmd(run)
+    return scaled_run(ctx, conv, dynamic_input)

@@ -352,14 +352,21 @@ def scaled_conv_integer_depthwise(ctx, *, activation="", activation_params=None,
     sums, * scale and act(. * S + A) in one compiled pass a unit of channels: minfer-ops-conv's values."""
     attrs = dict(activation=activation, activation_params=activation_params, auto_pad=auto_pad, dilations=dilations,
                  pads=pads, strides=strides)
+    conv = Depthwise(_constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
+    return scaled_run(ctx, conv, dynamic_input)
+
+
+def scaled_run(ctx: Any, conv: Any, dynamic_input: int) -> Any:
+    """A ScaledConvInteger kernel's run callable over ``conv`` (a `Depthwise`, or qconv_blas.py's `Product`: both
+    ``warm(mode, dtype, quant, operands)`` and ``conv(x, mode, quant, operands)``), warmed now: an 8-bit x centered
+    by its constant zero point, or with ``dynamic_input`` quantized as minfer-ops-conv does (`dynamic_operands`);
+    the sums times the weight's scale (times x's with ``dynamic_input``), then ChannelAffine's S and B."""
     xz = _constant(ctx, 2)
-    fixed_zero = np.float32(0 if xz is None else xz.reshape(-1)[0])
+    fixed = readonly(np.array([1, 0, 0, 0 if xz is None else xz.reshape(-1)[0]], np.float32))
     weight_scale = np.float32(_constant(ctx, 4).reshape(-1)[0])
     affine = (_operand(_constant(ctx, 5)), _operand(_constant(ctx, 6)))
-    conv = Depthwise(_constant(ctx, 1), _constant(ctx, 3), attrs, _chain(_scaled_epilogue(ctx, attrs)))
-    dynamic = (_dynamic_quantizer(ctx), _range_params(ctx)) if dynamic_input else None
-    fixed = readonly(np.array([1, 0, 0, fixed_zero], np.float32))
     one = _operand(np.ones(1, np.float32) * weight_scale)
+    dynamic = (_dynamic_quantizer(ctx), _range_params(ctx)) if dynamic_input else None
     if dynamic is None:
         conv.warm(EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
     else:

@@ -295,26 +295,37 @@ def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
     wide = np.int32 if k * 255 * 255 < INT32 else np.int64  # every partial sum of the uncentered products fits
     _few_rows(readonly(np.zeros((1, k), a_dtype)), weight, 0, readonly(np.zeros(1, np.int64)),
               np.zeros((1, n), np.int32), np.zeros(n, wide))
-    del ctx  # packed=(3, 5)
+    held_zbv = readonly(np.zeros(1, np.int64) if held_zp is None else np.asarray(held_zp, np.int64).reshape(-1))
+
+    def factor(a_scale: Any, b_scale: Any, y_scale: Any) -> np.ndarray:
+        """The float32 factor of the exact sums, in the numpy kernel's order: alpha * a_scale * b_scale [/ y_scale]."""
+        scale = np.float32(alpha) * np.float32(np.asarray(a_scale).reshape(-1)[0]) * np.asarray(
+            b_scale, dtype=np.float32).reshape(-1)
+        return scale if y_scale is None else scale / np.float32(np.asarray(y_scale).reshape(-1)[0])
+
+    consts = tuple(ctx.constants) + (None,) * 9
+    y_given = len(ctx.input_types) > 7 and ctx.input_types[7] is not None
+    known = consts[1] is not None and consts[4] is not None and (consts[7] is not None or not y_given)
+    fixed = factor(consts[1], consts[4], consts[7]) if known else None  # a quantized model's constants: once
+    del ctx, consts  # packed=(3, 5)
 
     def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c=None, y_scale=None, y_zero_point=None):
         am = a.T if transA else a
-        zb = held_zp if b_zero_point is None else b_zero_point
         acc = scratch("minfer_ops_numba-qgemm-acc", (am.shape[0], n), np.int32)
         za = 0 if a_zero_point is None else int(np.asarray(a_zero_point).reshape(-1)[0])
         if am.shape[0] < FEW_ROWS:
-            zbv = readonly(np.zeros(1, np.int64) if zb is None else np.asarray(zb, np.int64).reshape(-1))
+            zbv = held_zbv if b_zero_point is None else readonly(np.asarray(b_zero_point, np.int64).reshape(-1))
             _few_rows(_rows(am, k), weight, za, zbv, acc, scratch("minfer_ops_numba-qgemm-row", (n,), wide))
         else:
+            zb = held_zp if b_zero_point is None else b_zero_point
             igemm.igemm(_rows(am, k), packed, acc, za, 0 if zb is None else zb)
         v = acc.astype(np.float64)
         if c is not None:
             v += c.astype(np.float64)
-        scale = np.float32(alpha) * np.float32(np.asarray(a_scale).reshape(-1)[0]) * np.asarray(
-            b_scale, dtype=np.float32).reshape(-1)
+        f = fixed if fixed is not None else factor(a_scale, b_scale, y_scale)
         if y_scale is None:
-            return v.astype(np.float32) * scale
-        w = v.astype(np.float32) * (scale / np.float32(np.asarray(y_scale).reshape(-1)[0]))
+            return v.astype(np.float32) * f
+        w = v.astype(np.float32) * f
         target = a.dtype if y_zero_point is None else np.asarray(y_zero_point).dtype
         info = np.iinfo(target)
         np.rint(w, out=w)

@@ -375,16 +375,21 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     return spmd(run)
 
 
+def warm_unit(m: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x, y, found, geos) of one unit of a 1x1 conv of k channels into m on a 1x1 map, with a run's argument types:
+    what the compiled units (this module's and those built on them) are compiled with at build."""
+    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
+    geos = np.zeros((1, 12), np.int64)
+    geos[0, 11] = 1
+    return readonly(np.zeros((1, k, 1, 1), np.float32)), np.zeros((1, m, 1), np.float32), found, geos
+
+
 def _warm_compiled(address: int, full: np.ndarray, bias: np.ndarray) -> None:
     """Compile (or load) the compiled path's functions at build, with the argument types of a run: else a new
     input shape's first run compiled them (seconds on an empty cache: mobilenet_v2 b1's first run 1549x its
     median) and the core's timing of this kernel paid for it."""
     m, rows = full.shape
-    x = readonly(np.zeros((1, rows - 1, 1, 1), np.float32))
-    y = np.zeros((1, m, 1), np.float32)
-    found = np.array([[0, 1, 0, 1, 0, m]], np.int64)
-    geos = np.zeros((1, 12), np.int64)
-    geos[0, 11] = 1
+    x, y, found, geos = warm_unit(m, rows - 1)
     args = (address, x, full, bias, y, NOTHING, found, geos)
     units_of(*args, np.zeros(1, np.float32), True, team.NONE, np.float32(0), np.float32(0), 0, 1)
     if team.available():

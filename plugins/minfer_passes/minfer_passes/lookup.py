@@ -193,10 +193,10 @@ def _own_rounding(graph: Graph, seed: str, nodes: list[Node]) -> Node | None:
     the rounding's input is the lookup of its output (NaN and infinities too: rint keeps NaN, clip takes inf to
     a bound), and the rounding node goes.
     """
+    from .qdq import _plain
+
     node = graph.producer(seed)
-    if node is None or node.domain != MINFER_DOMAIN or node.op_type != "QuantizeDequantize" or seed in graph.outputs:
-        return None
-    if len(node.inputs) > 1 or node.attrs.get("post_scale"):  # its output is not its first rounding's grid
+    if not _plain(node) or seed in graph.outputs:  # (with * M, + A or a second rounding, not its first grid)
         return None
     if _grid(graph, seed) is None or any(c not in nodes for c in graph.consumers(seed)):
         return None
