@@ -85,6 +85,47 @@ def test_rounding_and_residual_tail_join_the_integer_conv_exactly(monkeypatch, t
     np.testing.assert_allclose(got, onnxruntime_levels(model, feeds)[1], rtol=0, atol=step + 1e-6)
 
 
+def _sum_read_by_a_conv() -> onnx.ModelProto:
+    """residual_block("Add") whose rounded sum (Q -> DQ) a second QDQ conv alone reads: a stage's last block in
+    MobileNetV2, where the conv takes the QuantizeLinear in (``float_input`` 1) and no rounding node is left."""
+    model = residual_block("Add")
+    rng = np.random.default_rng(1)
+    extra = {"w2q": rng.integers(-127, 128, (C, C, 1, 1)).astype(np.int8), "w2s": np.float32(0.01),
+             "w2z": np.int8(0), "y2s": np.float32(0.1), "y2z": np.uint8(100), "o2s": np.float32(0.08),
+             "o2z": np.uint8(3)}
+    node = helper.make_node
+    model.graph.node.extend([
+        node("DequantizeLinear", ["w2q", "w2s", "w2z"], ["w2"]), node("Conv", ["out", "w2"], ["y2"]),
+        node("QuantizeLinear", ["y2", "y2s", "y2z"], ["y2q"]), node("DequantizeLinear", ["y2q", "y2s", "y2z"], ["y2d"]),
+        node("Relu", ["y2d"], ["r2"]),
+        node("QuantizeLinear", ["r2", "o2s", "o2z"], ["r2q"]), node("DequantizeLinear", ["r2q", "o2s", "o2z"], ["out2"])])
+    model.graph.initializer.extend([numpy_helper.from_array(np.asarray(v), k) for k, v in extra.items()])
+    del model.graph.output[:]
+    model.graph.output.extend([tensor("out2", SHAPE)])
+    return model
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_residual_sum_the_next_conv_quantizes_is_rounded_in_the_epilogue(monkeypatch, compiled):
+    """A residual sum whose readers all quantize it on one grid (here the next conv, through the QuantizeLinear it
+    took in) is rounded on that grid in the first conv's epilogue (``residual_rounding``): no Add node is left, and
+    the outputs are bit for bit the graph's without the integer fusion (the second conv quantizes a value of its
+    grid: the same integers), within one step of onnxruntime's default level."""
+    if not compiled:
+        _numpy_steps(monkeypatch)
+    model = _sum_read_by_a_conv()
+    feeds = _feeds(model)
+    engine = Engine(model)
+    ops = [n.op_type for n in engine.graph.nodes]
+    assert "Add" not in ops and ops.count("FloatQLinearConv") == 2, ops
+    first = next(n for n in engine.graph.nodes if "residual_rounding" in n.attrs)
+    assert first.attrs["residual_rounding"] == [float(np.float32(0.09)), -10.0, 245.0]  # the sum's Q: scale, zp 10
+    got = engine.run(None, feeds)[0]
+    unfused = Engine(model, disabled_passes=("integer_conv_fusion",))
+    np.testing.assert_array_equal(got, unfused.run(None, feeds)[0])
+    np.testing.assert_allclose(got, onnxruntime_levels(model, feeds)[1], rtol=0, atol=0.08 + 1e-6)
+
+
 def test_rounding_is_not_fused_into_a_node_that_already_quantizes_its_output():
     """A FloatQLinearConv whose output another FloatQLinearConv reads (``output_quantization``) keeps that grid: the
     two last steps are exclusive, and the kernel refuses both with a message naming them."""

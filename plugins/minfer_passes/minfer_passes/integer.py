@@ -33,7 +33,9 @@ Then each fused conv's epilogue takes more of what follows it, exactly (the same
 - a FloatQLinearConv's float output read only by a ``QuantizeDequantize`` (`qdq`: a QDQ model's rounding before a
   residual Add or a conv that stays float): that rounding as its last step (``output_rounding``), in the epilogue;
   then that rounded output's sole reader adding a same-shape float32 ``Z`` (Add, or Sum of two: a residual block's
-  tail) that a QuantizeDequantize alone reads: Z (input 11) and that rounding (``residual_rounding``);
+  tail) that a QuantizeDequantize alone reads: Z (input 11) and that rounding (``residual_rounding``); or whose
+  readers all round it on one grid (FloatQLinearConvs quantizing it as their input, QuantizeDequantizes): that
+  grid, the sum rounded once in the epilogue (each reader then gets the integers it computed);
 - the ``DynamicQuantizeLinear`` whose outputs only a ScaledConvInteger reads (the scale through a Mul by a
   constant): the node takes the float input (``dynamic_input``) and quantizes it while centering it.
 
@@ -139,15 +141,54 @@ def _residual_tails(graph: Graph) -> bool:
         t, tz = graph.type_of(y), graph.type_of(z)
         if t is None or tz is None or tz.dtype != np.float32 or not same_shape(graph, y, z):
             continue
+        inputs = (list(node.inputs) + [""] * 11)[:11] + [z]
         qd = graph.sole_consumer(add.outputs[0])
         grid = _plain_rounding(graph, qd, add.outputs[0])
-        if grid is None:
+        if grid is not None:
+            graph.replace([node, add, qd], Node(FUSED, inputs, list(qd.outputs),
+                                                {**node.attrs, "residual_rounding": grid}, node.name, MINFER_DOMAIN))
+            changed = True  # after Z's producer
             continue
-        inputs = (list(node.inputs) + [""] * 11)[:11] + [z]
-        graph.replace([node, add, qd], Node(FUSED, inputs, list(qd.outputs), {**node.attrs, "residual_rounding": grid},
-                                            node.name, MINFER_DOMAIN))  # after Z's producer
+        readers = _readers_grid(graph, add.outputs[0])
+        if readers is None:
+            continue
+        grid, roundings = readers
+        graph.replace([node, add], Node(FUSED, inputs, list(add.outputs), {**node.attrs, "residual_rounding": grid},
+                                        node.name, MINFER_DOMAIN))
+        for qd in roundings:  # rounding a value on its grid again gives it back
+            graph.replace_all_uses(qd.outputs[0], add.outputs[0])
+            graph.remove_node(qd)
         changed = True
     return changed
+
+
+def _readers_grid(graph: Graph, total: str) -> tuple[list[float], list[Node]] | None:
+    """(grid, the roundings among them) when every reader of a residual sum rounds it on one grid: a FloatQLinearConv
+    quantizing it as its float input (``float_input`` 1: the QuantizeLinear it took in), or a plain
+    QuantizeDequantize of it (not a graph output). The sum may then be rounded on that grid in the conv's epilogue:
+    quantizing a value of the grid gives its integer back (rint((k * s) / s) = k for |k| < 2**22), so each conv
+    reads the integers it read, and each rounding returns its input."""
+    if total in graph.outputs:
+        return None
+    grids, roundings = [], []
+    for reader in graph.consumers(total):
+        if reader.domain == MINFER_DOMAIN and reader.op_type == QDQ:
+            grid = _plain_rounding(graph, reader, total)
+            if grid is None or reader.outputs[0] in graph.outputs:
+                return None
+            roundings.append(reader)
+        elif reader.domain == MINFER_DOMAIN and reader.op_type == FUSED and reader.attrs.get("float_input") == 1 \
+                and reader.inputs[0] == total and reader.inputs.count(total) == 1:
+            params = _params(graph, reader.inputs[1], reader.inputs[2])
+            if params is None:
+                return None
+            scale, zp = params
+            info, z = np.iinfo(zp.dtype), float(zp.reshape(-1)[0])
+            grid = [float(scale.reshape(-1)[0]), float(info.min) - z, float(info.max) - z]
+        else:
+            return None
+        grids.append(grid)
+    return (grids[0], roundings) if grids and all(g == grids[0] for g in grids) else None
 
 
 def _has_last_step(node: Node) -> bool:
