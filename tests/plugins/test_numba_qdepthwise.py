@@ -196,3 +196,52 @@ def test_scaled_conv_integer_dynamic_nan_and_threads():
     _check_scaled(inputs, attrs, threads=2)
     inputs[0][0, 2, 5, 5] = np.nan
     _check_scaled(inputs, attrs)
+
+
+def _sums(rng, c, cells):
+    """Exact integer sums as a unit holds them, with -0.0, values past the bounds and a NaN (a NaN input's)."""
+    y = np.rint(rng.standard_normal((c, cells)) * 60000).astype(np.float32)
+    y[:, :4] = [-0.0, 1e7, -1e7, np.nan]
+    return y.reshape(-1)
+
+
+@pytest.mark.parametrize("act", [(-np.inf, np.inf), (0.0, np.inf), (0.0, 6.0)])
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("post_factor", ["integers", "dequantized"])
+def test_fitted_chain_is_the_chains_bits(act, affine, post_factor):
+    """`fitted` replaces a chain ending on a post grid by rint(clip(k * r + t)) with each channel's r and t where
+    that gives the chain's bits for every integer k its first clip lets through; `_requantize` then gives the
+    chain's bits for every sum (-0.0, past the bounds, NaN)."""
+    from minfer_ops_numba import qdepthwise
+
+    rng = np.random.default_rng(int(affine) * 7 + len(post_factor) + int(act[0] == 0) + int(np.isfinite(act[1])))
+    c, cells = 24, 300
+    post = 0.0235294122248888 if act[1] == 6.0 else 0.0437
+    chain = np.array([-127, 128, 0.0531955, *act, post, 0, 255, 1.0 if post_factor == "integers" else post, 1],
+                     np.float32)
+    m = rng.uniform(1e-4, 1e-3, c).astype(np.float32)
+    cc = np.rint(rng.standard_normal(c) * 50).astype(np.float32)
+    s = rng.uniform(0.5, 1.5, c).astype(np.float32) if affine else qdepthwise.EMPTY
+    b = (rng.standard_normal(c) * 0.3).astype(np.float32) if affine else qdepthwise.EMPTY
+    operands = tuple(qdepthwise._operand(v) if v.size else v for v in (m, cc, s, b))
+    params, fitted_operands = qdepthwise.fitted(qdepthwise.readonly(chain), operands, c)
+    assert params[9] == qdepthwise.FITTED and fitted_operands[2].size == c == fitted_operands[3].size
+    want, got = _sums(rng, c, cells), None
+    got = want.copy()
+    qdepthwise._requantize(want, 0, 0, c, cells, cells, *operands, qdepthwise.readonly(chain))
+    qdepthwise._requantize(got, 0, 0, c, cells, cells, *fitted_operands, params)
+    np.testing.assert_array_equal(got.view(np.int32)[~np.isnan(want)], want.view(np.int32)[~np.isnan(want)])
+    assert np.array_equal(np.isnan(got), np.isnan(want)) and np.unique(want).size > 100
+
+
+def test_fitted_chain_keeps_a_chain_with_exact_ties():
+    """A grid ratio that puts k * out_scale / post_scale on exact halves (0.05 / (6 / 255) = 2.125: every k = 4
+    mod 8), where the chain's two roundings and one rounding part: the chain is kept as given."""
+    from minfer_ops_numba import qdepthwise
+
+    c = 4
+    chain = qdepthwise.readonly(np.array([-128, 127, 0.05, 0.0, 6.0, 6 / 255, 0, 255, 1.0, 1], np.float32))
+    operands = (qdepthwise._operand(np.full(c, 1e-3, np.float32)), qdepthwise.EMPTY, qdepthwise.EMPTY,
+                qdepthwise.EMPTY)
+    params, kept = qdepthwise.fitted(chain, operands, c)
+    assert params is chain and kept is operands

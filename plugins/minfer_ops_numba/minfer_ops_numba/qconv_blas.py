@@ -26,7 +26,7 @@ from . import smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
 from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given, _scaled_epilogue
 from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize,  # noqa: F401
-                         scaled_run)
+                         fitted, scaled_run)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
@@ -256,7 +256,6 @@ def float_qlinear_conv_blas(ctx, *, float_input=0, float_output=0, activation=""
     attrs = dict(float_input=float_input, float_output=float_output, activation=activation,
                  activation_params=activation_params, output_quantization=output_quantization,
                  output_rounding=output_rounding, auto_pad=auto_pad, dilations=dilations, pads=pads, strides=strides)
-    conv = Product(ctx, _constant(ctx, 3), _constant(ctx, 5), attrs, _chain(_epilogue(ctx, attrs)))
     xs, xz, ws, ys = (_constant(ctx, i) for i in (1, 2, 4, 6))
     info, x_zero = np.iinfo(xz.dtype), np.float32(xz.reshape(-1)[0])
     scale = np.float32(xs.reshape(-1)[0])
@@ -266,6 +265,8 @@ def float_qlinear_conv_blas(ctx, *, float_input=0, float_output=0, activation=""
     bias = _constant(ctx, 8)
     operands = (_operand(per_channel), _operand(None if bias is None else bias.astype(np.float32)),
                 _operand(_constant(ctx, 9)), _operand(_constant(ctx, 10)))
+    chain, operands = fitted(_chain(_epilogue(ctx, attrs)), operands, _constant(ctx, 3).shape[0])
+    conv = Product(ctx, _constant(ctx, 3), _constant(ctx, 5), attrs, chain)
     conv.warm(mode, input_type(ctx, 0).dtype, quant, operands)
     grid = None if residual_rounding is None else readonly(np.asarray(residual_rounding, np.float32).reshape(3))
 
