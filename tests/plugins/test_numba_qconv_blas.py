@@ -106,15 +106,15 @@ def test_holds_8_bit_weights_and_declines_past_its_cap():
     from minfer_ops_numba import qconv_blas
 
     rng = np.random.default_rng(6)
-    small, attrs = _node(rng, c=32, m=1024, hw=(7, 7), k=(1, 1))
-    big, _ = _node(rng, c=32, m=1025, hw=(7, 7), k=(1, 1))
+    small, attrs = _node(rng, c=64, m=1024, hw=(7, 7), k=(1, 1))
+    big, _ = _node(rng, c=64, m=1025, hw=(7, 7), k=(1, 1))
     assert small[3].size == qconv_blas.MAX_WEIGHTS < big[3].size
     ctx = _ctx(small, _out_shape(small, attrs))
     assert qconv_blas.float_qlinear_conv_blas.applies(ctx, attrs)
     assert not qconv_blas.float_qlinear_conv_blas.applies(_ctx(big, _out_shape(big, attrs)), attrs)
     run = qconv_blas.float_qlinear_conv_blas.prepared(ctx, attrs)
     held = held_array_bytes(run)
-    # the 8-bit weights (32 KB) and per-channel operands (4 KB each); float32 weights alone would be 128 KB
+    # the 8-bit weights (64 KB) and per-channel operands (4 KB each); float32 weights alone would be 256 KB
     assert small[3].nbytes <= held < 2 * small[3].nbytes, held
 
 

@@ -32,10 +32,10 @@ from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 
 # the weights this kernel takes: its sgemm reads them centered as float32, which it writes into scratch each run
-# (~1 us a 4k weight), holding the 8-bit ones. Up to MobileNetV2's 1x1 convs of 32-64 output channels over 14x14 and
-# 28x28 maps (4.6-24.6k weights: 120-230 us in minfer-ops-conv's kernel, 60-90 here); larger weights pay their
-# centering on maps where igemm wins anyway.
-MAX_WEIGHTS = 32768
+# (~1 us a 4k weight), holding the 8-bit ones. Up to MobileNetV2's 1x1 convs of 64-96 output channels over 14x14 and
+# 28x28 maps (4.6-55k weights: 384 -> 96 at 14x14, the first of its stage, 271 us in igemm's kernel, 124 here
+# against 112 for its float twin); larger weights pay their centering on maps where igemm wins anyway.
+MAX_WEIGHTS = 65536
 
 
 @jit
