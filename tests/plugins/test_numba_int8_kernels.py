@@ -69,6 +69,20 @@ def test_dequantize_linear_is_numpys_bits(shape, axis, per_axis, dtype, with_zer
     np.testing.assert_array_equal(out, want)
 
 
+def test_dequantize_linear_keeps_its_constants_layout_only_for_them():
+    """With the scale and zero point constants of the node, the kernel works their layout out once per x shape; given
+    other arrays (a slice of them, computed ones) it works them out each call: the numpy kernel's bits every time."""
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 128, (6, 40)).astype(np.int8)
+    scale, zero = (rng.random(6) * 0.02 + 1e-3).astype(np.float32), rng.integers(-9, 9, 6).astype(np.int8)
+    ctx = _ctx("DequantizeLinear", x, scale, zero)
+    ctx = type(ctx)(ctx.node_name, ctx.op_type, ctx.opset, ctx.input_types, ctx.output_types, (None, scale, zero), 1)
+    fn = dequantize.dequantize_linear_13.prepared(ctx, {"axis": 0})
+    for xs, s, z in ((x, scale, zero), (x[:, :7], scale, zero), (x[:3], scale[:3], zero[:3]),
+                     (x, scale * 2, zero), (x, scale, np.zeros(6, np.int8)), (x, scale, zero)):
+        np.testing.assert_array_equal(fn(xs, s, z), numpy_dequantize(xs, s, z, axis=0))
+
+
 def test_dequant_matmul_dequantizes_through_the_registered_kernel():
     """DequantMatMul's per-run weight dequantization takes the registered DequantizeLinear kernel when it writes into
     out (this plugin's), row ranges included, and gets the numpy steps' bits."""

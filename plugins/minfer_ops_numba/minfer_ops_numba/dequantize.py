@@ -81,31 +81,38 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return not attrs.get("block_size") and attrs.get("output_dtype", 0) in (0, 1) and (s.rank is None or s.rank <= 1)
 
 
-def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int,
-               out: np.ndarray | None) -> np.ndarray:
-    """(x - zero_point) * scale into out (float32), scale and zero point per tensor or along ``axis``."""
-    y = out if out is not None else np.empty(x.shape, np.float32)
-    s = np.ascontiguousarray(scale, np.float32).reshape(-1)
+def _layout(x_shape: tuple[int, ...], scale: np.ndarray, zero_point: np.ndarray | None,
+            axis: int) -> tuple[np.ndarray, np.ndarray, tuple[int, ...], bool]:
+    """(scale and zero point as float32 rows, x's shape as the loops walk it, whether the channels are innermost)."""
+    s = readonly(np.ascontiguousarray(scale, np.float32).reshape(-1))
     z = np.zeros(1, np.float32) if zero_point is None else np.asarray(zero_point).reshape(-1).astype(np.float32)
-    z = np.broadcast_to(z, s.shape).astype(np.float32) if z.size != s.size else z  # one zero point for all
-    if s.size > 1 and x.ndim:
-        axis %= x.ndim
-        shape = (int(np.prod(x.shape[:axis])), x.shape[axis], int(np.prod(x.shape[axis + 1 :])))
+    z = readonly(np.broadcast_to(z, s.shape).astype(np.float32) if z.size != s.size else z)  # one zero point for all
+    if s.size > 1 and len(x_shape):
+        axis %= len(x_shape)
+        shape = (int(np.prod(x_shape[:axis])), x_shape[axis], int(np.prod(x_shape[axis + 1 :])))
     else:
-        shape = (1, 1, x.size)
+        shape = (1, 1, int(np.prod(x_shape)))
     last = shape[2] == 1 and shape[1] > 1
-    shape = shape[:2] if last else shape
+    return s, z, shape[:2] if last else shape, last
+
+
+def dequantize(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None, axis: int,
+               out: np.ndarray | None, layout: tuple | None = None) -> np.ndarray:
+    """(x - zero_point) * scale into out (float32), scale and zero point per tensor or along ``axis`` (``layout``:
+    `_layout`'s for these operands, when the caller kept it)."""
+    y = out if out is not None else np.empty(x.shape, np.float32)
+    s, z, shape, last = layout or _layout(x.shape, scale, zero_point, axis)
     src = readonly(np.ascontiguousarray(x)).reshape(shape)
     loop = _dequantize_last if last else _dequantize
     if y.flags.c_contiguous:
         size = team.size() if x.size >= TEAM_VALUES and not last and intra_op_threads() > 1 else 1
         if size > 1:  # a large weight at once (DequantGemm's, DequantConv's each run): shared over the team
-            _dequantize_team(src, readonly(s), readonly(z), y.reshape(shape), size)
+            _dequantize_team(src, s, z, y.reshape(shape), size)
         else:
-            loop(src, readonly(s), readonly(z), y.reshape(shape))
+            loop(src, s, z, y.reshape(shape))
         return y
     tmp = np.empty(shape, np.float32)  # a strided out: through a contiguous copy
-    loop(src, readonly(s), readonly(z), tmp)
+    loop(src, s, z, tmp)
     np.copyto(y, tmp.reshape(y.shape))
     return y
 
@@ -119,8 +126,21 @@ def _prepared(ctx: Any, axis: int) -> Any:
     if team.available():  # the team's driver too: compiled in a timed run, it would lose the core's timing
         _dequantize_team(readonly(np.zeros((1, 1, 1), x_dtype)), one, one, np.zeros((1, 1, 1), np.float32), 1)
 
+    consts = tuple(ctx.constants) + (None, None, None)
+    given_zero = len(ctx.input_types) > 2 and ctx.input_types[2] is not None
+    constant = consts[1] is not None and (consts[2] is not None or not given_zero)
+    layouts: dict[tuple[int, ...], tuple] = {}  # per x shape, when the scale and zero point given are the node's
+    # constants themselves: a weight's DequantizeLinear runs again each run (minfer-passes' Dequant* kernels), where
+    # working the layout out again cost 5-15 us of a 7-18 us call (a slice of them, a part of a split weight's rows,
+    # or a computed one is worked out each call)
+
     def run(x, x_scale, x_zero_point=None, *, out=None):
-        return dequantize(x, x_scale, x_zero_point, axis, out)
+        if not constant or x_scale is not consts[1] or x_zero_point is not consts[2]:
+            return dequantize(x, x_scale, x_zero_point, axis, out)
+        layout = layouts.get(x.shape)
+        if layout is None:
+            layout = layouts[x.shape] = _layout(x.shape, consts[1], consts[2], axis)
+        return dequantize(x, x_scale, x_zero_point, axis, out, layout)
 
     return run
 
