@@ -274,6 +274,61 @@ class Chain:
         return part
 
 
+# a `Chain`'s (and qdepthwise.py's `_requantize`'s) rounding flag for a chain `fitted` replaced
+FITTED = 2
+
+
+def _tail(k: np.ndarray, chain: np.ndarray, sc: np.ndarray, bc: np.ndarray) -> np.ndarray:
+    """The chain after its first rint, for each integer k (a row) and each channel's S and B (a column), in
+    `_requantize`'s float32 operations and order: rint(clip(clip(k * out_scale * s + b, act) / post_scale, post
+    bounds)) * post factor."""
+    osc = chain[2] if chain[2] != 0 else np.float32(1)
+    v = k * osc * sc + bc
+    v = np.where(v < chain[3], chain[3], v)
+    v = np.where(v > chain[4], chain[4], v) / chain[5]
+    v = np.where(v < chain[6], chain[6], v)
+    return np.rint(np.where(v > chain[7], chain[7], v)) * chain[8]
+
+
+def fitted(chain: np.ndarray, operands: tuple, channels: int) -> tuple[np.ndarray, tuple]:
+    """(chain, operands) for qdepthwise.py's `_requantize` (or a `Chain`'s values and m, c, s, b: the same
+    layout): when the chain ends on a post grid, its steps after the first rint
+    replaced by ``rint(clip(k * r + t, post bounds)) * post factor`` with each channel's float32 r and t (S and B's
+    places), where that gives the chain's bits for every k its first clip lets through (-0.0 included): checked
+    here on all of them (at most 2**16 a channel). Two multiplies, an add, two clips and a division less a value:
+    ~20% of the chain on MobileNetV2's shapes. Else as given."""
+    low, high, post = float(chain[0]), float(chain[1]), float(chain[5])
+    if chain[9] != 1 or post == 0 or not (np.isfinite(low) and np.isfinite(high)) or high - low > 1 << 16:
+        return chain, operands
+    m, c, s, b = operands
+    ones = np.ones(channels, np.float32)
+    sc = (ones * (s if s.size else np.float32(1))).astype(np.float32).reshape(-1, 1)
+    bc = (ones * (b if b.size else np.float32(-0.0))).astype(np.float32).reshape(-1, 1)
+    k = np.concatenate([[np.float32(-0.0)], np.arange(low, high + 1, dtype=np.float32)]).reshape(1, -1)
+    with np.errstate(all="ignore"):
+        want = _tail(k, chain, sc, bc).view(np.int32)
+        osc = float(chain[2]) if chain[2] != 0 else 1.0
+        r0 = (osc * sc.astype(np.float64) / post).astype(np.float32)
+        t0 = (bc.astype(np.float64) / post).astype(np.float32)
+        r, t = r0.copy(), t0.copy()
+        todo = np.ones(channels, bool)
+        for dr in (0, 1, -1):
+            for dt in (0, 1, -1):
+                rr = r0 if dr == 0 else np.nextafter(r0, np.float32(np.inf * dr))
+                tt = t0 if dt == 0 else np.nextafter(t0, np.float32(np.inf * dt))
+                v = k * rr + tt
+                v = np.where(v < chain[6], chain[6], v)
+                got = (np.rint(np.where(v > chain[7], chain[7], v)) * chain[8]).view(np.int32)
+                ok = todo & np.all(got == want, axis=1) & np.isfinite(rr[:, 0]) & (rr[:, 0] != 0)
+                r[ok], t[ok] = rr[ok], tt[ok]
+                todo &= ~ok
+    if todo.any():
+        return chain, operands
+    params = chain.copy()
+    params[9] = FITTED
+    return readonly(params), (m, c, readonly(r.reshape(-1)), readonly(t.reshape(-1)))
+
+
 _NO_CHAIN = tuple(readonly(np.zeros(0, np.float32)) for _ in range(5))
 
 
@@ -375,6 +430,14 @@ def _write(a, flip, g, b, beta, colsum, h, mode, how, out, tile, ra, m0, rows, n
                     v = (np.float32(acc[uintp(j)]) + ac) * mc * osc * sc + bc
                     v = act_lo if v < act_lo else v
                     dst[uintp(j)] = act_hi if v > act_hi else v
+            elif p[9] == FITTED:  # `fitted`'s: s and b hold each row's r and t
+                for j in range(w):
+                    v = (np.float32(acc[uintp(j)]) + ac) * mc
+                    v = low if v < low else v
+                    v = high if v > high else v
+                    v = np.rint(v) * sc + bc
+                    v = plo if v < plo else v
+                    dst[uintp(j)] = np.rint(phi if v > phi else v) * pq
             else:
                 post = ps != 0
                 for j in range(w):  # one loop: LLVM unswitches the branch, the same for every element

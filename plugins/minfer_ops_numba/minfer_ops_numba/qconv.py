@@ -202,7 +202,7 @@ class QConv:
         self.steps = None if self.fast is not None else Steps(ctx, attrs, per_channel)
         self.residual = attrs.get("residual_rounding")
         self.rounding = _rounding(ctx, self.residual) if self.residual else None
-        self.chain = _chain(self.fast, self.operands)
+        self.chain = _chain(self.fast, self.operands, w.shape[0])
         qg.compile_for(self.x_dtype)
 
     def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
@@ -244,9 +244,10 @@ class QConv:
         return out
 
 
-def _chain(epilogue: Any, operands: list) -> igemm.Chain | None:
+def _chain(epilogue: Any, operands: list, channels: int = 0) -> igemm.Chain | None:
     """The compiled Requantize ``epilogue`` (quant.py's, with its operands m, c, s, b) as an `igemm.Chain`, or None
-    when it is not one (numpy's steps) or divides."""
+    when it is not one (numpy's steps) or divides; given the ``channels``, shortened by `igemm.fitted` where that
+    keeps its bits."""
     steps = getattr(epilogue, "steps", None)
     if steps is None:
         return None
@@ -254,7 +255,11 @@ def _chain(epilogue: Any, operands: list) -> igemm.Chain | None:
     if divide:
         return None
     m, c, s, b = (np.zeros(0, np.float32) if v is None else v for v in operands)
-    return igemm.Chain(m, c, s, b, params, int(act), bool(rounding))
+    chain = igemm.Chain(m, c, s, b, params, int(act), bool(rounding))
+    if channels:
+        values, row_operands = igemm.fitted(chain.operands[4], chain.operands[:4], channels)
+        chain.operands = (*row_operands, values)
+    return chain
 
 
 def _quantize_stage(part: np.ndarray, scale: np.float32, low: float, high: float) -> None:

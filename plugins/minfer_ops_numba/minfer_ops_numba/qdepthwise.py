@@ -36,6 +36,7 @@ from . import channels, depthwise_blocked, team
 from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
 from .channels import LANES
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
+from .igemm import FITTED, _tail, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
                     _range_params, _scaled_epilogue)
 from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)
@@ -74,7 +75,7 @@ def _requantize(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragm
     `fitted` found it, s and b its r and t). (One array: a loop over two that are the same memory fails numba's
     overlap check and runs unvectorized.)"""
     low, high, osc, act_lo, act_hi = params[0], params[1], params[2], params[3], params[4]
-    ps, plo, phi, pq, rounding, fitted = params[5], params[6], params[7], params[8], params[9] != 0, params[9] == FITTED
+    ps, plo, phi, pq, rounding, short = params[5], params[6], params[7], params[8], params[9] != 0, params[9] == FITTED
     osc = osc if osc != 0 else np.float32(1)
     hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
     ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
@@ -84,7 +85,7 @@ def _requantize(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragm
         cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
         sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
         bc = b[uintp(ch if bs else 0)] if hb else np.float32(-0.0)
-        if fitted:  # `fitted`: s and b hold each channel's r and t
+        if short:  # `fitted`: s and b hold each channel's r and t
             for j in range(at, at + cells):
                 v = (flat[uintp(j)] + cc) * mc
                 v = low if v < low else v
@@ -241,60 +242,6 @@ def _chain(epilogue: Any) -> np.ndarray:
     act_lo = lo if act == 2 else (np.float32(0) if act == 1 else np.float32(-np.inf))
     act_hi = hi if act == 2 else np.float32(np.inf)
     return readonly(np.array([params[0], params[1], params[2], act_lo, act_hi, *params[5:9], rounding], np.float32))
-
-
-# `_requantize`'s mode for a chain `fitted` replaced
-FITTED = 2
-
-
-def _tail(k: np.ndarray, chain: np.ndarray, sc: np.ndarray, bc: np.ndarray) -> np.ndarray:
-    """The chain after its first rint, for each integer k (a row) and each channel's S and B (a column), in
-    `_requantize`'s float32 operations and order: rint(clip(clip(k * out_scale * s + b, act) / post_scale, post
-    bounds)) * post factor."""
-    osc = chain[2] if chain[2] != 0 else np.float32(1)
-    v = k * osc * sc + bc
-    v = np.where(v < chain[3], chain[3], v)
-    v = np.where(v > chain[4], chain[4], v) / chain[5]
-    v = np.where(v < chain[6], chain[6], v)
-    return np.rint(np.where(v > chain[7], chain[7], v)) * chain[8]
-
-
-def fitted(chain: np.ndarray, operands: tuple, channels: int) -> tuple[np.ndarray, tuple]:
-    """(chain, operands) for `_requantize`: when the chain ends on a post grid, its steps after the first rint
-    replaced by ``rint(clip(k * r + t, post bounds)) * post factor`` with each channel's float32 r and t (S and B's
-    places), where that gives the chain's bits for every k its first clip lets through (-0.0 included): checked
-    here on all of them (at most 2**16 a channel). Two multiplies, an add, two clips and a division less a value:
-    ~20% of the chain on MobileNetV2's shapes. Else as given."""
-    low, high, post = float(chain[0]), float(chain[1]), float(chain[5])
-    if chain[9] != 1 or post == 0 or not (np.isfinite(low) and np.isfinite(high)) or high - low > 1 << 16:
-        return chain, operands
-    m, c, s, b = operands
-    ones = np.ones(channels, np.float32)
-    sc = (ones * (s if s.size else np.float32(1))).astype(np.float32).reshape(-1, 1)
-    bc = (ones * (b if b.size else np.float32(-0.0))).astype(np.float32).reshape(-1, 1)
-    k = np.concatenate([[np.float32(-0.0)], np.arange(low, high + 1, dtype=np.float32)]).reshape(1, -1)
-    with np.errstate(all="ignore"):
-        want = _tail(k, chain, sc, bc).view(np.int32)
-        osc = float(chain[2]) if chain[2] != 0 else 1.0
-        r0 = (osc * sc.astype(np.float64) / post).astype(np.float32)
-        t0 = (bc.astype(np.float64) / post).astype(np.float32)
-        r, t = r0.copy(), t0.copy()
-        todo = np.ones(channels, bool)
-        for dr in (0, 1, -1):
-            for dt in (0, 1, -1):
-                rr = r0 if dr == 0 else np.nextafter(r0, np.float32(np.inf * dr))
-                tt = t0 if dt == 0 else np.nextafter(t0, np.float32(np.inf * dt))
-                v = k * rr + tt
-                v = np.where(v < chain[6], chain[6], v)
-                got = (np.rint(np.where(v > chain[7], chain[7], v)) * chain[8]).view(np.int32)
-                ok = todo & np.all(got == want, axis=1) & np.isfinite(rr[:, 0]) & (rr[:, 0] != 0)
-                r[ok], t[ok] = rr[ok], tt[ok]
-                todo &= ~ok
-    if todo.any():
-        return chain, operands
-    params = chain.copy()
-    params[9] = FITTED
-    return readonly(params), (m, c, readonly(r.reshape(-1)), readonly(t.reshape(-1)))
 
 
 class Depthwise:
