@@ -145,8 +145,8 @@ def seconds(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> float:
 class Choice:
     """A node's run callable over several kernels' prepared callables: per input shapes, the one `choose` picks.
 
-    Timing runs get no ``epilogue`` (it must be applied once), so only the
-    chosen candidate's call applies it.
+    Timing runs apply the epilogue (its cost is each kernel's) into a copy of
+    ``out``, the real output getting it once; given no ``out``, none.
     """
 
     def __init__(self, key: str, names: list[str], fns: list[Callable[..., Any]], static: bool = False) -> None:
@@ -161,7 +161,8 @@ class Choice:
         shapes = tuple((a.shape, a.dtype.str) if isinstance(a, np.ndarray) else None for a in args)
         fn = self._chosen.get(shapes)
         if fn is None:
-            trial = {**kwargs, "epilogue": None} if "epilogue" in kwargs else kwargs
+            trial = ({**kwargs, "out": kwargs["out"].copy()} if kwargs.get("out") is not None else  # touched: no
+                     {**kwargs, "epilogue": None} if "epilogue" in kwargs else kwargs)  # first-touch faults timed
             key = f"{self.key}|{shapes}|threads={intra_op_threads()}"
             won = choose(key, self.names, lambda i: seconds(self.fns[i], *args, **trial), self._prior)
             fn = self._chosen[shapes] = self.fns[won]

@@ -157,6 +157,45 @@ def test_a_choice_keeps_one_candidate_per_shape_in_later_runs(monkeypatch):
     assert calls[-2:] == [("b", (1,)), ("a", (2,))]
 
 
+def test_timing_runs_apply_the_epilogue_into_a_copy_of_out(cache, monkeypatch):
+    """A kernel may apply the epilogue in cache (a compiled rounding per tile) or in one more pass: the timing runs
+    pass it, so its cost counts, but into a scratch copy of ``out``; the real output gets it once, from the chosen
+    candidate's call. Without an ``out`` the timing runs get no epilogue (they could not leave the output alone)."""
+    seen = []
+
+    def kernel(name):
+        def run(x, *, out=None, epilogue=None):
+            seen.append((name, out, epilogue))
+            y = out if out is not None else np.empty_like(x)
+            np.add(x, 1, out=y)
+            if epilogue is not None:
+                epilogue(y, (slice(None),))
+            return y
+        run.label = name
+        return run
+
+    def timed(fn, *args, **kwargs):  # "lazy" is faster bare, slower with its epilogue (a second pass)
+        fn(*args, **kwargs)
+        return {("eager", False): 0.5, ("eager", True): 0.5, ("lazy", False): 0.4, ("lazy", True): 0.6}[
+            (fn.label, kwargs.get("epilogue") is not None)]
+
+    def double(y, region):
+        np.multiply(y[region], 2, out=y[region])
+
+    monkeypatch.setattr(tuning, "seconds", timed)
+    choice = tuning.Choice("node", ["eager", "lazy"], [kernel("eager"), kernel("lazy")])
+    x, out = np.ones(3), np.zeros(3)
+    got = choice(x, out=out, epilogue=double)
+    assert got is out and out.tolist() == [4.0, 4.0, 4.0]  # (1 + 1) * 2, once
+    timing, final = seen[:-1], seen[-1]
+    assert {name for name, _, _ in timing} == {"eager", "lazy"} and final[0] == "eager"
+    assert all(o is not out and o.shape == out.shape and ep is double for _, o, ep in timing) and final[1] is out
+    seen.clear()
+    bare = tuning.Choice("node2", ["eager", "lazy"], [kernel("eager"), kernel("lazy")])
+    bare(x, epilogue=double)
+    assert all(ep is None for _, _, ep in seen[:-1]) and seen[-1][0] == "lazy" and seen[-1][2] is double
+
+
 def test_a_static_nodes_choice_lets_the_losers_go(monkeypatch):
     """A node whose inputs have one static shape keeps only the chosen candidate once it chose (the others' packed
     weights were a second copy of the node's weights); a node of symbolic shapes keeps them all for its next shapes."""
