@@ -423,6 +423,39 @@ def test_the_cache_subfolder_changes_with_any_source_of_the_plugin(monkeypatch, 
         _jit.sources_key.cache_clear()
 
 
+def test_the_cache_serves_another_install_of_the_same_sources(tmp_path):
+    """The same sources installed elsewhere (a new clone, a reinstall: another path, new modification times) load
+    what an earlier install compiled: numba's own locator would file it under the first path and check each file's
+    time, and a model's first build would compile every kernel again (`_jit._install_locator`)."""
+    import shutil
+    import subprocess
+    import sys
+
+    script = """if True:
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import numpy as np
+        import minfer_ops_numba
+        from minfer_ops_numba import dequantize
+        from minfer_ops_numba._jit import readonly
+        assert minfer_ops_numba.__file__.startswith(sys.argv[1]), minfer_ops_numba.__file__
+        one = readonly(np.zeros(1, np.float32))
+        dequantize._dequantize(readonly(np.zeros((1, 1, 1), np.int8)), one, one, np.zeros((1, 1, 1), np.float32))
+        stats = dequantize._dequantize.stats
+        print(sum(stats.cache_hits.values()), sum(stats.cache_misses.values()))
+    """
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path / "cache")}
+    counts = []
+    for name in ("first", "second"):
+        shutil.copytree(Path(_jit.__file__).parent, tmp_path / name / "minfer_ops_numba",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # new paths, new times
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / name)], env=env, capture_output=True,
+                              text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        counts.append(tuple(int(v) for v in done.stdout.split()))
+    assert counts == [(0, 1), (1, 0)]  # compiled once, then loaded
+
+
 def test_other_sources_folders_are_pruned(tmp_path):
     """Beside this sources' folder, other minfer-ops-numba folders go when unused for STALE_DAYS or beyond the
     KEEP_FOLDERS most recently used; other folders and files stay."""
