@@ -186,13 +186,11 @@ def _compile_module(name: str) -> None:
         pending = _PENDING.pop(name, [])
         if not pending:
             return
+        import numba
+
         if not _state.get("tended"):
             _state["tended"] = True
             _tend_cache()
-        import numba
-
-        if not _state.get("located"):
-            _state["located"] = True
             _install_locator()
 
         namespace = vars(sys.modules[name])

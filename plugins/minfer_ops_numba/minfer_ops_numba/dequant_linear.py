@@ -12,7 +12,8 @@ within its rounding. Then C (Gemm's bias) is added and the node's rounding (``ac
 divide, rint, clip, multiply) applied with its float32 operations. ``applies``: one row, a constant 2-D weight with
 a per-tensor or per-column scale and zero point, Gemm's alpha and beta 1 with a constant bias along the columns
 (or none), and no epilogue beyond that rounding. Past one row the weight's dequantization a run pays for itself
-(two rows: as fast; eight: 3.5x faster); the core times this kernel against minfer-passes' per node.
+(an earlier loop of this kind over eight rows: 819 us against minfer-passes' 230); the core times this kernel
+against minfer-passes' per node.
 """
 
 from __future__ import annotations
@@ -25,9 +26,7 @@ import numpy as np
 from minfer_core import kernel, parallel_for, scratch, spmd
 
 from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
-
-MINFER = "ai.minfer"
-EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+from .qconv import EIGHT_BIT, MINFER, _constant, _given
 # columns a thread's range is cut in (whole cache lines of the output rows)
 COLUMNS = 64
 NO_BIAS = readonly(np.zeros(0, np.float32))
@@ -58,14 +57,11 @@ def _install() -> None:
 
 
 @jit
-def _row(x, w, zero, scale, row, n0, n1):  # pragma: no cover - compiled
+def _row(x, w, zero, scale, centered, row, n0, n1):  # pragma: no cover - compiled
     """row[:n1 - n0] = x @ DequantizeLinear(w)[:, n0:n1] for one row x (K,) float32 and w (K, N) 8-bit, zero and
     scale one a column: each weight as DequantizeLinear rounds it, ``(float32(w) - zp) * scale`` (no
-    subtraction when every zero point is 0: w - 0 is w), times x[k], added by one fused multiply-add (as BLAS's
-    kernels add), k after k; four k at once, the sum held in a register between them."""
-    centered = False
-    for j in range(zero.size):
-        centered = centered or zero[uintp(j)] != 0
+    subtraction unless ``centered``, some zero point not 0: w - 0 is w), times x[k], added by one fused multiply-add
+    (as BLAS's kernels add), k after k; four k at once, the sum held in a register between them."""
     for j in range(n1 - n0):
         row[uintp(j)] = np.float32(0)
     kk = x.shape[0]
@@ -114,18 +110,9 @@ def _finish(row, bias, grid, y, n0, n1):  # pragma: no cover - compiled
         y[uintp(j)] = v
 
 
-def _const(ctx: Any, index: int) -> np.ndarray | None:
-    consts = tuple(ctx.constants) + (None,) * (index + 1)
-    return consts[index]
-
-
-def _given(ctx: Any, index: int) -> bool:
-    return len(ctx.input_types) > index and ctx.input_types[index] is not None
-
-
 def _layout(ctx: Any, gemm: bool, attrs: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(W as (K, N), its zero point and scale as float32, one a column), when the weight fits."""
-    w, ws, wz = _const(ctx, 1), _const(ctx, 2), _const(ctx, 3)
+    w, ws, wz = _constant(ctx, 1), _constant(ctx, 2), _constant(ctx, 3)
     if w is None or w.ndim != 2 or w.dtype not in EIGHT_BIT or w.size == 0 or ws is None or ws.dtype != np.float32:
         return None
     if wz is None and _given(ctx, 3) or wz is not None and (wz.dtype != w.dtype or wz.size not in (1, ws.size)):
@@ -145,7 +132,7 @@ def _bias(ctx: Any, n: int) -> np.ndarray | None:
     """Gemm's C as float32 (one value or one a column), or NO_BIAS; None when it does not broadcast so."""
     if not _given(ctx, 4):
         return NO_BIAS
-    c = _const(ctx, 4)
+    c = _constant(ctx, 4)
     if c is None or c.dtype != np.float32 or c.ndim > 2 or c.size not in (1, n) or c.size == n and c.shape[-1] != n:
         return None
     return readonly(np.ascontiguousarray(c).reshape(-1))
@@ -183,11 +170,12 @@ def _prepared(ctx: Any, attrs: dict, gemm: bool) -> Any:
     w, zero, scale = _layout(ctx, gemm, attrs)
     bias, grid = _bias(ctx, w.shape[1]), _grid(attrs)
     k, n = w.shape
-    chunks = -(-n // COLUMNS)
+    chunks, centered = -(-n // COLUMNS), bool(np.any(zero))
     _install()  # before _row compiles: it looks `fma` up here
     # compiled (or loaded from numba's cache) now, at build, with a run's argument types
     row = np.zeros(1, np.float32)
-    _row(readonly(np.zeros(1, np.float32)), readonly(np.zeros((1, 1), w.dtype)), zero[:1], scale[:1], row, 0, 1)
+    _row(readonly(np.zeros(1, np.float32)), readonly(np.zeros((1, 1), w.dtype)), zero[:1], scale[:1], centered, row, 0,
+         1)
     _finish(row, bias, grid, np.zeros(1, np.float32), 0, 1)
 
     def run(x, wq=None, w_scale=None, w_zero_point=None, c=None, m=None, a=None, z=None, *, out=None):
@@ -201,7 +189,7 @@ def _prepared(ctx: Any, attrs: dict, gemm: bool) -> Any:
         def part(lo: int, hi: int) -> None:
             n0, n1 = lo * COLUMNS, min(n, hi * COLUMNS)
             acc = scratch("minfer_ops_numba-dequant-linear", (n1 - n0,), np.float32)
-            _row(a_row, w, zero, scale, acc, n0, n1)
+            _row(a_row, w, zero, scale, centered, acc, n0, n1)
             _finish(acc, bias, grid, flat, n0, n1)
 
         parallel_for(chunks, part, outputs_only=True)
@@ -217,7 +205,7 @@ def _prepared(ctx: Any, attrs: dict, gemm: bool) -> Any:
         packed=(1, 2, 3, 4), applies=lambda ctx, attrs: _fits(ctx, attrs, True))
 def dequant_gemm(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0, axis=1, activation="", activation_params=None,
                  post_activation="", post_activation_params=None, residual_params=None):
-    """ai.minfer::DequantGemm-1 of a few rows: the 8-bit weight read as it lies (the module docstring)."""
+    """ai.minfer::DequantGemm-1 of one row: the 8-bit weight read as it lies (the module docstring)."""
     return _prepared(ctx, dict(transB=transB, axis=axis, activation=activation, activation_params=activation_params),
                      True)
 
@@ -226,5 +214,5 @@ def dequant_gemm(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0, axis=1, activa
         packed=(1, 2, 3), applies=lambda ctx, attrs: _fits(ctx, attrs, False))
 def dequant_matmul(ctx, *, axis=1, activation="", activation_params=None, post_activation="",
                    post_activation_params=None, residual_params=None):
-    """ai.minfer::DequantMatMul-1 of a few rows: the 8-bit weight read as it lies (the module docstring)."""
+    """ai.minfer::DequantMatMul-1 of one row: the 8-bit weight read as it lies (the module docstring)."""
     return _prepared(ctx, dict(axis=axis, activation=activation, activation_params=activation_params), False)

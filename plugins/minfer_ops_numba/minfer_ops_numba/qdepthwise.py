@@ -36,7 +36,7 @@ from . import channels, depthwise_blocked, team
 from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
 from .channels import LANES
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
-from .igemm import FITTED, _tail, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
+from .igemm import FITTED, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
                     _range_params, _scaled_epilogue)
 from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)

@@ -177,16 +177,10 @@ def _readers_grid(graph: Graph, total: str) -> tuple[list[float], list[Node]] | 
             if grid is None or reader.outputs[0] in graph.outputs:
                 return None
             roundings.append(reader)
-        elif reader.domain == MINFER_DOMAIN and reader.op_type == FUSED and reader.attrs.get("float_input") == 1 \
-                and reader.inputs[0] == total and reader.inputs.count(total) == 1:
-            params = _params(graph, reader.inputs[1], reader.inputs[2])
-            if params is None:
-                return None
-            scale, zp = params
-            info, z = np.iinfo(zp.dtype), float(zp.reshape(-1)[0])
-            grid = [float(scale.reshape(-1)[0]), float(info.min) - z, float(info.max) - z]
         else:
-            return None
+            grid = _input_grid(graph, reader, total)
+            if grid is None:
+                return None
         grids.append(grid)
     return (grids[0], roundings) if grids and all(g == grids[0] for g in grids) else None
 
@@ -239,11 +233,19 @@ def _edge_grid(graph: Graph, node: Node) -> list[float] | None:
         return None
     y = node.outputs[0]
     reader = graph.sole_consumer(y)
-    if _has_last_step(node) or y in graph.outputs or reader is None or reader.domain != MINFER_DOMAIN:
+    if _has_last_step(node) or y in graph.outputs or reader is None:
         return None
-    if reader.op_type != FUSED or reader.attrs.get("float_input") != 1 or reader.inputs.count(y) != 1:
+    return _input_grid(graph, reader, y)
+
+
+def _input_grid(graph: Graph, reader: Node, x: str) -> list[float] | None:
+    """[x_scale, low, high] when ``reader`` is a FloatQLinearConv quantizing ``x`` as its float input (``float_input``
+    1, x once, as input 0): the grid its input conversion rounds on, the integer range less the zero point."""
+    if reader.domain != MINFER_DOMAIN or reader.op_type != FUSED or reader.attrs.get("float_input") != 1:
         return None
-    params = _params(graph, reader.inputs[1], reader.inputs[2]) if reader.inputs[0] == y else None
+    if reader.inputs.count(x) != 1 or reader.inputs[0] != x:
+        return None
+    params = _params(graph, reader.inputs[1], reader.inputs[2])
     if params is None:
         return None
     scale, zp = params

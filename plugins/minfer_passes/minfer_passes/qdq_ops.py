@@ -181,7 +181,7 @@ def _dequantizer(wq: np.ndarray, ws: np.ndarray, wz: np.ndarray | None, axis: in
     lengthwise = ws.size > 1 and axis % wq.ndim == 0  # a scale (and zero point) per row: sliced with the rows
 
     def cut(v: np.ndarray | None, lo: int, hi: int) -> np.ndarray | None:
-        # all rows: the array itself (the kernel may keep what it worked out for the operands it saw last)
+        # all rows: the array itself, which a kernel may know as the node's constant (minfer-ops-numba's keeps its layout)
         return v[lo:hi] if lengthwise and v is not None and v.size > 1 and (lo, hi) != (0, rows) else v
 
     def part(wf: np.ndarray, lo: int, hi: int) -> None:
