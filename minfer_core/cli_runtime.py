@@ -87,6 +87,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if os.environ.get(TUNE_ENV) == "0":
         raise UsageError(f"{TUNE_ENV}=0 turns tuning off: unset it to tune")
+    os.environ[TUNE_ENV] = "all"  # every size timed, not only a node's first
     sess, _ = _session_and_feeds(argparse.Namespace(**{**vars(args), "dim": []}))
     dims = [(name, sizes.split(",")) for name, _, sizes in (d.partition("=") for d in args.dim)]
     before = len(store().data)

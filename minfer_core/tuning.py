@@ -111,8 +111,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
 
     ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns its seconds. Without timing (one
     candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape, as when the thread count changes)
-    it is 0. ``prior``: the name an earlier input shape of the same node chose; when it wins the first round
-    again, that round decides (a new shape times less).
+    it is 0. ``prior``: the name an earlier input shape of the same node chose, which a new shape takes untimed
+    and unstored (its first run times nothing), unless ``MINFER_TUNE=all`` (as `minfer tune` sets).
     """
     if len(names) < 2 or not enabled():
         return 0
@@ -120,12 +120,10 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
     chosen = store().data.get(full)
     if chosen in names:
         return list(names).index(chosen)
-    if STEADY.get():
-        return 0
+    if STEADY.get() or (prior in names and os.environ.get(TUNE_ENV) != "all"):
+        return list(names).index(prior) if prior in names else 0
     best, calm = [float("inf")] * len(names), True
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
-        if r and names[best.index(min(best))] == prior:
-            break
         for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best) or min(best) < WARM][:: 1 - 2 * (r % 2)]:
             cpu = time.thread_time()
             best[i] = min(best[i], took := time_one(i))

@@ -94,7 +94,7 @@ def _recording_plans(calls: list[str]) -> list:
 def _tuned_call(monkeypatch, winner: int) -> tuple[list[str], list[tuple], np.ndarray]:
     from minfer_ops_conv import tuner
 
-    def choose(key, names, time_one):  # every candidate timed once, in order; the given one wins
+    def choose(key, names, time_one, prior=None):  # every candidate timed once, in order; the given one wins
         for i in range(len(names)):
             time_one(i)
         return winner
@@ -128,7 +128,7 @@ def test_a_plans_setup_runs_before_the_first_timing(monkeypatch):
     calls: list[str] = []
     plans = _recording_plans(calls)
     plans[1].setup = lambda p: calls.append("setup")
-    monkeypatch.setattr(tuner, "choose", lambda key, names, time_one: [time_one(i) for i in range(2)] and 0)
+    monkeypatch.setattr(tuner, "choose", lambda key, names, time_one, prior=None: [time_one(i) for i in range(2)] and 0)
     x = np.ones((1, 2, 3, 3), np.float32)
     tuner.Tuned(plans)(x, None, np.empty_like(x), None, None)
     assert calls[0] == "setup" and calls.count("setup") == 1
@@ -137,7 +137,7 @@ def test_a_plans_setup_runs_before_the_first_timing(monkeypatch):
 def _timed_twice(monkeypatch, seconds: dict[str, float]) -> list[str]:
     from minfer_ops_conv import tuner
 
-    def choose(key, names, time_one):  # the core's order: every candidate, then every candidate again
+    def choose(key, names, time_one, prior=None):  # the core's order: every candidate, then every candidate again
         best = [float("inf")] * len(names)
         for _ in range(2):
             for i in range(len(names)):

@@ -362,11 +362,13 @@ def candidates(w: geo.Window, p: Packed, channels: int) -> list[Plan]:
 
 # MINFER_CONV_TUNE=0: always take the first candidate (reproducible method choice, no timing at first run)
 TUNE = os.environ.get("MINFER_CONV_TUNE", "1") != "0"
-def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None] | None = None) -> Plan:
-    """The method for this weight and input geometry, chosen once per shape (by timing, when several apply)."""
+def plan_for(w: geo.Window, p: Packed, channels: int, settled: Callable[[], None] | None = None,
+             prior: dict[str, str] | None = None) -> Plan:
+    """The method for this weight and input geometry, chosen once per shape (by timing, when several apply);
+    ``prior`` holds the method an earlier shape of the node chose, which `choose` reuses untimed."""
     plans = candidates(w, p, channels)
     key = f"conv|{w}|{p.out_channels}x{channels}/{p.group}"
-    plan = plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled, key)
+    plan = plans[0] if len(plans) == 1 or not TUNE else Tuned(plans, settled, key, {} if prior is None else prior)
     return _one_gemm(w, p, plan) if _small_pointwise(w, p) else plan
 
 
@@ -425,6 +427,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     fixed = pack(consts[1], group, build_time=True, bias=fixed_bias) if consts[1] is not None else None
     columns: dict[np.dtype, np.ndarray] = {}
     plans: dict[tuple[int, ...], tuple[Plan, tuple[int, ...]]] = {}
+    prior: dict[str, str] = {}  # the method an earlier input shape chose: a new shape takes it untimed (`choose`)
 
     def settled() -> None:
         # drop the Winograd weights when no shape's chosen method uses them (they are remade if one tries)
@@ -437,7 +440,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         if key not in plans:
             win = geo.window(x.shape[2:], p.kernel, strides=strides, dilations=dilations, pads=pads, auto_pad=auto_pad,
                              clamp_same=True)
-            plans[key] = (plan_for(win, p, x.shape[1], settled), win.out_shape)
+            plans[key] = (plan_for(win, p, x.shape[1], settled, prior), win.out_shape)
         plan, out_shape = plans[key]
         y = out if out is not None else np.empty((x.shape[0], p.out_channels) + out_shape, dtype=x.dtype)
         if fixed_bias is not None:

@@ -225,6 +225,7 @@ class _Depthwise:
         self._key = (w.in_shape, w.kernel, w.strides, w.dilations, w.begin, w.out_shape)
         self._weights: tuple[Any, np.dtype, np.ndarray, np.ndarray, np.ndarray] | None = None
         self._choices: dict[tuple, _Choice] = {}
+        self._prior: str | None = None  # the layout and split an earlier input shape chose: a new one takes them
         self._ones: dict[np.dtype, np.ndarray] = {}
 
     def __call__(self, x: np.ndarray, p: Any, y: np.ndarray, bias: np.ndarray | None,
@@ -304,7 +305,9 @@ class _Depthwise:
 
         # stored by the core (minfer_core.choose) per window and input: a later process skips the timing
         names = [f"{ch.layout}/{ch.parts}/{len(ch.units)}" for ch in choices]
-        best = choices[choose(f"depthwise|{self._key}|n={n}|c={c}|{work}|threads={threads}", names, seconds)]
+        same = [name for name in names if name.rsplit("/", 1)[0] == self._prior]  # the layout and split, any units
+        won = choose(f"depthwise|{self._key}|n={n}|c={c}|{work}|threads={threads}", names, seconds, (same or [None])[0])
+        best, self._prior = choices[won], names[won].rsplit("/", 1)[0]
         # the losers' zero-bordered buffers (other layouts, other block sizes) would stay cached for nothing
         # (shufflenet b1: 4 MB)
         kept = {(best.layout, c1 - c0) for _, c0, c1 in best.units}

@@ -51,11 +51,13 @@ class Tuned:
     so that it counts against no candidate. Which method wins depends on the shape, the BLAS and the cores:
     Winograd's 2.25x fewer multiplies lost to im2col on resnet50's batch-1 7x7 layers here (its GEMMs are too
     narrow) and won on vgg19's 28x28 ones by 2x.
-    ``settled`` is called after each choice.
+    ``settled`` is called after each choice. ``prior`` is shared by the node's shapes: the method the last one
+    chose, which a new shape takes untimed (`minfer_core.choose`).
     """
 
-    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None, key: str = "conv") -> None:
-        self.plans = plans
+    def __init__(self, plans: list[Plan], settled: Callable[[], None] | None = None, key: str = "conv",
+                 prior: dict[str, str] | None = None) -> None:
+        self.plans, self.prior = plans, {} if prior is None else prior
         self.key = key  # the conv's geometry: with the input shape and thread count, what a stored choice is for
         self.choice: dict[int, Plan] = {}
         self.settled = settled
@@ -94,7 +96,9 @@ class Tuned:
             first.setdefault(i, seconds)
             return seconds
 
-        return plans[choose(key, names, time_one)]
+        won = choose(key, names, time_one, self.prior.get("name"))
+        self.prior["name"] = names[won]
+        return plans[won]
 
     @property
     def chosen(self) -> list[Plan]:
