@@ -35,7 +35,7 @@ STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
 # times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node),
 # unless the best took under WARM seconds: there a first call's own planning (per-shape tables, ~10 us) can lose a
 # candidate that is faster on every later call (a depthwise kernel 14-18 us first, 5-6 warm, against 5-10)
-ROUNDS, CLEAR_LOSS, WARM = 2, 2.0, 50e-6
+ROUNDS, CLEAR_LOSS, WARM, MARGIN = 2, 2.0, 50e-6, 1.1
 # a choice is stored for later processes only when the timing thread ran at least this share of every timing: under
 # another process's load a candidate lost by waiting for a CPU (the test suite stored numpy's conv for a depthwise
 # layer that way: MobileNetV2 8.3 ms a run instead of 3.5, in every later process)
@@ -129,6 +129,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
             best[i] = min(best[i], took := time_one(i))
             calm = calm and time.thread_time() - cpu >= CALM * took  # else this thread waited for a CPU
     win = best.index(min(best))
+    win = 0 if best[0] <= MARGIN * best[win] else win  # names[0], the usual best, stays unless clearly beaten
     store().put(full, names[win]) if calm else store().data.setdefault(full, names[win])  # disturbed: this process'
     return win
 

@@ -283,20 +283,45 @@ def finish(y, z, base, rows, cells, stride, bias, bias0, op, a, b):  # pragma: n
     """A fused op's epilogue on ``rows`` runs of ``cells`` elements of the flat (C-contiguous) output y, run r at
     y[base + r * stride:][:cells]: + bias[bias0 + r] (when bias has elements), + z at the same places (the
     residual, flat like y, when it has elements), then the activation ``op`` (`NONE`: none), in place, each step
-    rounded to float32 in the fused op's order (its Python epilogue: numpy's add, then the activation kernel)."""
-    has_bias, has_z, act = bias.size > 0, z.size > 0, op != NONE
+    rounded to float32 in the fused op's order (its Python epilogue: numpy's add, then the activation kernel).
+
+    The activation is a second pass over the run (in cache: a kernel's unit), `_activate`'s loop for its op: one
+    loop doing every step stayed scalar where a kernel's driver inlined it (MobileNetV2's 32x112x112 depthwise
+    + ReLU6: 717 us against 211 without the activation, 257 now; with a residual 576 -> 300)."""
+    has_bias, has_z = bias.size > 0, z.size > 0
     for r in range(rows):
         at = base + r * stride
-        v0 = bias[uintp(bias0 + r)] if has_bias else np.float32(0)
-        for i in range(cells):  # one pass: the branches are the same for the whole loop (LLVM unswitches them)
-            v = y[uintp(at + i)]
-            if has_bias:
-                v = v + v0
-            if has_z:
-                v = v + z[uintp(at + i)]
-            if act:
-                v = _value(v, op, a, b)
-            y[uintp(at + i)] = v
+        if has_bias or has_z:
+            v0 = bias[uintp(bias0 + r)] if has_bias else np.float32(0)
+            for i in range(cells):
+                v = y[uintp(at + i)]
+                if has_bias:
+                    v = v + v0
+                if has_z:
+                    v = v + z[uintp(at + i)]
+                y[uintp(at + i)] = v
+        if op != NONE:
+            _activate(y, at, at + cells, op, a, b)
+
+
+@jit
+def _activate(y, lo, hi, op, a, b):  # pragma: no cover - compiled
+    """y[lo:hi] = `_value`(y, op, a, b) in place, one loop per op so that each vectorizes."""
+    if op == CLIP:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], CLIP, a, b)
+    elif op == LEAKY_RELU:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], LEAKY_RELU, a, b)
+    elif op == HARD_SIGMOID:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], HARD_SIGMOID, a, b)
+    elif op == HARD_SWISH:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], HARD_SWISH, a, b)
+    else:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], op, a, b)
 
 
 NOTHING = np.zeros(0, np.float32)  # `finish`'s z when there is no residual, its bias when there is none
