@@ -81,19 +81,20 @@ def cmd_tune(args: argparse.Namespace) -> int:
     """``minfer tune MODEL --dim N=1,8``: one run per combination of sizes, so its choices are made and stored."""
     import itertools
     import os
+    from unittest.mock import patch
 
     from .cli import UsageError, _feeds
     from .tuning import TUNE_ENV, store
 
     if os.environ.get(TUNE_ENV) == "0":
         raise UsageError(f"{TUNE_ENV}=0 turns tuning off: unset it to tune")
-    os.environ[TUNE_ENV] = "all"  # every size timed, not only a node's first
     sess, _ = _session_and_feeds(argparse.Namespace(**{**vars(args), "dim": []}))
     dims = [(name, sizes.split(",")) for name, _, sizes in (d.partition("=") for d in args.dim)]
     before = len(store().data)
-    for combo in itertools.product(*(sizes for _, sizes in dims)):
-        args.dim = [f"{name}={size}" for (name, _), size in zip(dims, combo)]
-        sess.run(None, _feeds(sess, args))
-        print(f"tuned {' '.join(args.dim) or 'the declared shapes'}")
+    with patch.dict(os.environ, {TUNE_ENV: "all"}):  # every size timed, not only each node's first
+        for combo in itertools.product(*(sizes for _, sizes in dims)):
+            args.dim = [f"{name}={size}" for (name, _), size in zip(dims, combo)]
+            sess.run(None, _feeds(sess, args))
+            print(f"tuned {' '.join(args.dim) or 'the declared shapes'}")
     print(f"{len(store().data) - before} new choice(s) stored in {store().path}")
     return 0

@@ -106,18 +106,16 @@ def store() -> ChoiceStore:
 
 
 def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], prior: str | None = None) -> int:
-    """The index of the fastest of ``names`` for ``key``: as stored, else timed now with ``time_one(i)`` and stored
-    (for later processes too unless another process's load disturbed the timing: `CALM`).
-
-    ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns its seconds. Without timing (one
-    candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape, as when the thread count changes)
-    it is 0. ``prior``: the name an earlier input shape of the same node chose, which a new shape takes untimed
-    and unstored (its first run times nothing), unless ``MINFER_TUNE=all`` (as `minfer tune` sets).
+    """The index of the fastest of ``names`` (the usual best first: another must beat it by `MARGIN`) for ``key``:
+    as stored, else timed now with ``time_one(i)`` and stored (for later processes too unless another process's
+    load disturbed the timing: `CALM`). ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
+    its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape,
+    as when the thread count changes) it is 0, or ``prior``: the name an earlier input shape of the same node
+    chose, which a new shape also takes untimed and unstored, unless ``MINFER_TUNE=all`` (`minfer tune`'s).
     """
     if len(names) < 2 or not enabled():
         return 0
-    full = f"{key}|{','.join(names)}"
-    chosen = store().data.get(full)
+    chosen = store().data.get(full := f"{key}|{','.join(names)}")
     if chosen in names:
         return list(names).index(chosen)
     if STEADY.get() or (prior in names and os.environ.get(TUNE_ENV) != "all"):

@@ -332,3 +332,32 @@ def test_planned_runs_call_each_shapes_chosen_kernel_directly(monkeypatch, minfe
     assert isinstance(sess.program.specs[0].fn, tuning.Choice)
     picked = {sig[0][0][0]: steps[0][0] for sig, steps in sess.executor.plans.bound.items()}
     assert picked == {2: b.fn, 3: a.fn}
+
+
+def test_another_candidate_must_beat_the_first_by_the_margin(cache):
+    """names[0] (the top priority, the usual best) stays unless another is faster by more than MARGIN: a choice
+    that noise could flip goes the declared way."""
+    time_one, _ = fake_times([1.05, 1.0])
+    assert tuning.MARGIN > 1.05
+    assert tuning.choose("op|close", ["first", "second"], time_one) == 0
+    time_one, _ = fake_times([1.5, 1.0])
+    assert tuning.choose("op|clear", ["first", "second"], time_one) == 1
+
+
+def test_minfer_tune_times_every_size_and_leaves_the_environment(cache, tmp_path, monkeypatch):
+    """`minfer tune` runs its sizes with MINFER_TUNE=all (each size timed, also those a node's earlier size would
+    decide untimed: tests/runtime/test_new_shape_costs.py), and restores MINFER_TUNE when it is done."""
+    import os
+
+    from minfer_ops_conv import tuner
+
+    seen = []
+    real = tuning.choose
+    for module in (tuning, tuner):  # the core's choices among kernels and minfer-ops-conv's among its methods
+        monkeypatch.setattr(module, "choose", lambda key, names, t, prior=None: seen.append(
+            os.environ.get("MINFER_TUNE")) or real(key, names, t, prior))
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_dynamic_conv_model().SerializeToString())
+    assert main(["tune", str(path), "--dim", "N=1,2"]) == 0
+    assert seen and set(seen) == {"all"}
+    assert "MINFER_TUNE" not in os.environ
