@@ -245,3 +245,41 @@ def test_fitted_chain_keeps_a_chain_with_exact_ties():
                 qdepthwise.EMPTY)
     params, kept = qdepthwise.fitted(chain, operands, c)
     assert params is chain and kept is operands
+
+
+def _row_map() -> tuple[int, int]:
+    """A map whose stride-1 output has at least qdepthwise.ROW_CELLS cells: the row loops' path."""
+    from minfer_ops_numba import qdepthwise
+
+    side = int(np.ceil(np.sqrt(qdepthwise.ROW_CELLS)))
+    return side + 1, side + 2
+
+
+@pytest.mark.parametrize("float_input", [0, 1, 2])
+@pytest.mark.parametrize("per_channel", [False, True], ids=["tensor", "channel"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_large_stride1_maps_in_rows_as_the_numpy_kernel(float_input, per_channel, threads):
+    """From ROW_CELLS output cells a stride-1 conv sums in loops.py's wide rows, not in blocks of channels: each input
+    form, per-tensor and per-channel weights, asymmetric pads, over one and two threads: minfer-ops-conv's values;
+    and a NaN input is NaN where a window holds it."""
+    rng = np.random.default_rng(41 + float_input + 3 * per_channel)
+    inputs, attrs = _node(rng, c=19, hw=_row_map(), pads=[1, 0, 1, 2], per_channel=per_channel,
+                          float_input=float_input, activation="Clip", activation_params=[0.0, 6.0],
+                          output_quantization=[0.07, -3.0, 252.0])
+    got = _check(inputs, attrs, threads=threads)
+    assert got.shape[2] * got.shape[3] >= __import__("minfer_ops_numba.qdepthwise").qdepthwise.ROW_CELLS
+    if float_input == 1:
+        inputs[0][0, 4, 20, 30] = np.nan
+        got = _check(inputs, attrs, threads=threads)
+        nan = {tuple(v) for v in np.argwhere(np.isnan(got))}
+        assert {(0, 4, r, q) for r in range(19, 22) for q in range(28, 31)} <= nan  # pads: top 1, left 0
+        assert all(ch == 4 for _, ch, _, _ in nan)
+
+
+@pytest.mark.parametrize("dynamic", [True, False], ids=["dynamic", "8-bit"])
+def test_scaled_conv_integer_on_a_large_map_in_rows(dynamic):
+    """ScaledConvInteger's depthwise conv on a map of ROW_CELLS cells or more takes the row loops: the numpy
+    kernel's values, over two threads."""
+    rng = np.random.default_rng(17 + dynamic)
+    inputs, attrs = _scaled_node(rng, dynamic=dynamic, c=18, hw=_row_map(), pads=[1, 1, 1, 1], activation="Relu")
+    _check_scaled(inputs, attrs, threads=2)

@@ -35,8 +35,10 @@ from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 from . import channels, depthwise_blocked, team
 from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
 from .channels import LANES
+from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
 from .igemm import FITTED, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
+from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
                     _range_params, _scaled_epilogue)
 from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)
@@ -45,6 +47,10 @@ from .window import window
 # how the conv's input is made: QuantizeLinear of float32 x less its zero point (float_input 1), 8-bit x less its
 # zero point (float_input 0), each unit's channels into scratch; float_input 2: x as it is (centered already)
 QUANTIZE, CENTERED, EIGHT = 1, 2, 0
+# from this many output cells a stride-1 conv sums each channel's plane in loops.py's wide rows (`_row_units`)
+# instead of blocks of LANES channels: a block's channels-last scratch outgrows L2 (16 channels of 114x114: 830 kB;
+# MobileNetV2 QDQ's 32x112x112 took 362 us in blocks, its float twin 217 in rows)
+ROW_CELLS = 56 * 56
 
 
 @jit
@@ -169,6 +175,50 @@ def _drive_centered(x, w, zeros, y, table, parts, dst, offs, planes, hp, wp, sh,
                         wp, sh, sw, kind, m, c, s, b, params)
 
 
+@jit
+def _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
+    """Channels c0..c1 of image i in rows (stride 1): the exact sums of centered xq by loops.py's `wide_rows` on the
+    centered weights (C, kh, kw) and a zero bias, then `_requantize`. The sums are integers below 2**24: they are
+    `block_sums`' whatever the order of the taps."""
+    nc, cells = y.shape[1], y.shape[2] * y.shape[3]
+    wide_rows(xq[i], w, zeros, y[i], c0, c1, 1, 1, ph, pw, 1, 1)
+    _requantize(y.reshape(-1), (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
+
+
+@jit
+def _row_units(x, xq, w, zeros, y, table, lo, hi, ph, pw, mode, quant, m, c, s, b, params):  # pragma: no cover
+    """`_units` in rows: each unit's channels centered into xq (`_center`), then `_row_sums`."""
+    for u in range(lo, hi):
+        i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
+        _center(x, xq, i, c0, c1, mode, quant)
+        _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, m, c, s, b, params)
+
+
+@jit
+def _centered_rows(x, w, zeros, y, table, lo, hi, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
+    """`_row_units` for an x centered already (float_input 2)."""
+    for u in range(lo, hi):
+        _row_sums(x, w, zeros, y, table[u, 0], table[u, 1], table[u, 2], ph, pw, m, c, s, b, params)
+
+
+@jit(parallel=True)
+def _drive_rows(x, xq, w, zeros, y, table, parts, ph, pw, mode, quant, m, c, s, b, params):  # pragma: no cover
+    """`_row_units` over a native team."""
+    count = table.shape[0]
+    for t in prange(parts):
+        _row_units(x, xq, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, mode, quant, m,
+                   c, s, b, params)
+
+
+@jit(parallel=True)
+def _drive_centered_rows(x, w, zeros, y, table, parts, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
+    """`_centered_rows` over a native team."""
+    count = table.shape[0]
+    for t in prange(parts):
+        _centered_rows(x, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, m, c, s, b,
+                       params)
+
+
 def _depthwise_weight(ctx: Any, w_index: int, zp_index: int, group: int) -> bool:
     """Whether input ``w_index`` is a constant 8-bit (group, 1, KH, KW) weight and ``zp_index`` its constant zero
     point (or none) whose sums float32 holds exactly (the bias aside: the caller adds it to the bound)."""
@@ -258,6 +308,7 @@ class Depthwise:
         flat[:c] = centered
         weights[:] = flat.reshape(blocks, LANES, kh * kw).transpose(0, 2, 1)
         self.packed, self.zeros = readonly(weights), readonly(channels._aligned((blocks * LANES,)))
+        self.plain = readonly(np.ascontiguousarray(centered.reshape(c, kh, kw)))  # `_row_units`' weights
         self.c, self.kernel, self.chain = c, (kh, kw), chain
         self.st, self.dl = tuple(attrs.get("strides") or (1, 1)), tuple(attrs.get("dilations") or (1, 1))
         self.pads, self.auto_pad = attrs.get("pads"), attrs.get("auto_pad") or "NOTSET"
@@ -265,11 +316,14 @@ class Depthwise:
         self.cuts: dict[tuple[Any, ...], tuple[list[tuple[int, int, int]], int, np.ndarray]] = {}
 
     def locate(self, dims: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
+        """For input dims (C, H, W): the output's (OH, OW), and the blocks' tables, or for `_row_units` (a stride-1
+        conv of at least `ROW_CELLS` output cells) the pads before (top, left)."""
         found = self.geometry.get(dims)
         if found is None:
             win = window(dims[1:], self.kernel, self.st, self.dl, self.pads, self.auto_pad, clamp_same=True)
-            found = self.geometry[dims] = win.out_shape, depthwise_blocked._tables(dims[1:], win, self.kernel,
-                                                                                   self.st, self.dl)
+            rows = self.st == self.dl == (1, 1) and win.out_shape[0] * win.out_shape[1] >= ROW_CELLS
+            found = self.geometry[dims] = win.out_shape, (win.begin if rows else depthwise_blocked._tables(
+                dims[1:], win, self.kernel, self.st, self.dl))
         return found
 
     def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
@@ -278,7 +332,17 @@ class Depthwise:
         depthwise_blocked._install()
         x = readonly(np.zeros((1, self.c, 8, 8), dtype))
         self(x, mode, quant, operands)
-        if team.available():
+        xq, y, table = np.zeros(x.shape, np.float32), np.zeros((1, self.c, 8, 8), np.float32), \
+            readonly(np.array([[0, 0, 1]], np.int64))
+        rows = (self.plain, self.zeros, y, table)
+        if mode == CENTERED:
+            _centered_rows(x, *rows, 0, 1, 0, 0, *operands, self.chain)
+        else:
+            _row_units(x, xq, *rows, 0, 1, 0, 0, mode, quant, *operands, self.chain)
+        if team.available() and mode == CENTERED:
+            _drive_centered_rows(x, *rows, 1, 0, 0, *operands, self.chain)
+        elif team.available():
+            _drive_rows(x, xq, *rows, 1, 0, 0, mode, quant, *operands, self.chain)
             out_shape, tables = self.locate(x.shape[1:])
             y, table = np.zeros((1, self.c) + out_shape, np.float32), readonly(np.array([[0, 0, 1]], np.int64))
             if mode == CENTERED:
@@ -297,13 +361,20 @@ class Depthwise:
             return y
         threads = intra_op_threads()
         size = team.size() if threads > 1 else 1  # asking claims the run's threads for the team
-        native = size > 1
+        native, rows = size > 1, len(tables) == 2
         key = (n, size if native else threads, native) + x.shape[1:]
         if key not in self.cuts:
-            self.cuts[key] = channels._cut(n, c, x.shape[2:], out_shape, kh * kw, size if native else threads, native)
+            self.cuts[key] = self._cut(n, x.shape[2:], out_shape, size if native else threads, native, rows)
         found, parts, table = self.cuts[key]
         xs = readonly(np.ascontiguousarray(x))
-        if mode == CENTERED:
+        if rows and mode == CENTERED:
+            head, rest = (xs, self.plain, self.zeros, y, table), (*tables, *operands, self.chain)
+            units, drive = _centered_rows, _drive_centered_rows
+        elif rows:
+            xq = scratch("minfer_ops_numba-qdepthwise-x", x.shape, np.float32)
+            head, rest = (xs, xq, self.plain, self.zeros, y, table), (*tables, mode, quant, *operands, self.chain)
+            units, drive = _row_units, _drive_rows
+        elif mode == CENTERED:
             head, rest = (xs, self.packed, self.zeros, y, table), (*tables, *operands, self.chain)
             units, drive = _centered_units, _drive_centered
         else:
@@ -316,6 +387,18 @@ class Depthwise:
         else:  # a unit writes only its y block (and its channels of the scratch)
             parallel_for(len(found), lambda lo, hi: units(*head, lo, hi, *rest), parts=parts, outputs_only=True)
         return y
+
+
+    def _cut(self, n: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], threads: int, native: bool,
+             rows: bool) -> tuple[list[tuple[int, int, int]], int, np.ndarray]:
+        """The units (image, c0, c1) and their parts: depthwise.py's cut of channels for `_row_units`, else whole
+        blocks of LANES channels (channels.py's); with their compiled table."""
+        if not rows:
+            return channels._cut(n, self.c, in_shape, out_shape, self.kernel[0] * self.kernel[1], threads, native)
+        plane = (in_shape[0] * in_shape[1] + out_shape[0] * out_shape[1]) * 4
+        found, parts = row_cut(n, self.c, plane, n * self.c * out_shape[0] * out_shape[1] * self.kernel[0]
+                               * self.kernel[1], threads, native)
+        return found, parts, readonly(np.array(found, np.int64).reshape(-1, 3))
 
 
 EMPTY = readonly(np.zeros(0, np.float32))
