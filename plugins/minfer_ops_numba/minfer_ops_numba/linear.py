@@ -24,7 +24,7 @@ from . import team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
 from .activation import _value  # noqa: F401 (compiled code calls it)
 from .gelu import gelu_value  # noqa: F401 (compiled code calls it)
-from .team import NONE, NOTHING, prange
+from .team import NONE, NOTHING, _activate, prange  # noqa: F401 (_activate: compiled code calls it)
 
 SPLIT_MACS = 1 << 17  # below this many multiply-adds (a few microseconds) one thread computes the product
 BLOCK_MACS = 1 << 18  # a block's least work when a product is cut (a team thread takes whole runs of blocks)
@@ -57,19 +57,21 @@ def _blocks(address, a, w, ldw, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragm
         r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
         gemm(address, r1 - r0, c1 - c0, k, a0 + 4 * r0 * k, k, w0 + 4 * c0 * (k if ldw < 0 else 1), ldw,
              y0 + 4 * (r0 * n + c0), n, np.float32(0))
-        for r in range(r0, r1):
+        for r in range(r0, r1):  # each step its own loop over the row's block (in cache), as team.finish's
             at = r * n
-            for j in range(c0, c1):  # the branches are the same for the whole loop (LLVM unswitches them)
-                v = yf[uintp(at + j)]
-                if has_c:
-                    v = v + c[uintp(j)]
-                if has_z:
-                    v = v + z[uintp(at + j)]
-                if act:
-                    v = _value(v, op, p, q)
-                elif gelu:  # the Gelu kernel's formula (its bits), in the same pass
-                    v = gelu_value(v)
-                yf[uintp(at + j)] = v
+            if has_c or has_z:
+                for j in range(c0, c1):
+                    v = yf[uintp(at + j)]
+                    if has_c:
+                        v = v + c[uintp(j)]
+                    if has_z:
+                        v = v + z[uintp(at + j)]
+                    yf[uintp(at + j)] = v
+            if act:
+                _activate(yf, at + c0, at + c1, op, p, q)
+            elif gelu:  # the Gelu kernel's formula (its bits)
+                for j in range(at + c0, at + c1):
+                    yf[uintp(j)] = gelu_value(yf[uintp(j)])
 
 
 @jit(parallel=True)
