@@ -1,13 +1,10 @@
 """Intra-op parallelism's front doors: kernels split their work with `parallel_for`, an executor says how.
 
-Kernels call `parallel_for`, `intra_op_threads` and `scratch` whether or
-not an executor plugin is installed: with the core alone (or outside a
-session run, or with one thread) `parallel_for` is ``fn(0, n)`` and
-`intra_op_threads` is 1, so kernels need no second code path. An executor
-plugin (minfer-parallel) installs its pool for the duration of a run with
-`using_pool`; a pool is anything with a ``threads`` count and a
-``run(n, fn, parts)`` method (``ranked`` ones also ``run_outputs``, for a
-process team; ``claim()`` for `claim_threads`).
+Kernels call `parallel_for`, `intra_op_threads` and `scratch` whether or not an executor plugin is installed: with the
+core alone (or outside a session run, or with one thread) `parallel_for` is ``fn(0, n)`` and `intra_op_threads` is 1,
+so kernels need no second code path. An executor plugin (minfer-parallel) installs its pool for the duration of a run
+with `using_pool`; a pool is anything with a ``threads`` count and a ``run(n, fn, parts)`` method (``ranked`` ones
+also ``run_outputs``, for a process team; ``claim()`` for `claim_threads`).
 """
 
 from __future__ import annotations
@@ -82,16 +79,13 @@ def parallel_for(n: int, fn: Callable[[int, int], None], *, parts: int | None = 
                  outputs_only: bool = False) -> None:
     """Call ``fn(lo, hi)`` on disjoint ranges that cover ``range(n)``, concurrently when threads are available.
 
-    ``fn`` must only write memory no other range writes. ``parts`` is how
-    many ranges to cut (default: one per thread; more balances uneven
-    work at some hand-over cost). With one thread this is ``fn(0, n)``.
-    Exceptions raised by any range propagate to the caller once all ranges end.
+    ``fn`` must only write memory no other range writes. ``parts`` is how many ranges to cut (default: one per
+    thread; more balances uneven work at some hand-over cost). With one thread this is ``fn(0, n)``. Exceptions
+    raised by any range propagate to the caller once all ranges end.
 
-    ``outputs_only=True`` says that ``fn`` writes nothing but the kernel's
-    output (and its own scratch): then the processes of a process team
-    each run a share of the ranges. Other ranges write memory only this
-    process sees (a padded copy in scratch), so under a team each process
-    runs all of them itself.
+    ``outputs_only=True`` says that ``fn`` writes nothing but the kernel's output (and its own scratch): then the
+    processes of a process team each run a share of the ranges. Other ranges write memory only this process sees (a
+    padded copy in scratch), so under a team each process runs all of them itself.
     """
     if n <= 0:
         return

@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import warnings
-from contextvars import ContextVar
+from contextvars import ContextVar, copy_context
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -31,6 +31,10 @@ from .plugins import _pref_key
 TUNE_ENV = "MINFER_TUNE"
 # set by the executor around runs of a planned shape: timing happens in a shape's first run, never later
 STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
+# while `choose` times a candidate: the best time of the others so far. A `choose` inside (a plugin's own methods)
+# whose usual best is a clear loser against it stops there (MobileNetV2 b1: numpy's Conv timed its depthwise layouts,
+# 2-19 ms a node, 80-100 of a 140 ms first run, then lost to the numba kernels by 10-50x)
+OUTER: ContextVar[float] = ContextVar("minfer_outer_best", default=float("inf"))
 # each candidate runs up to ROUNDS times, round by round, and keeps its best time; one that took over CLEAR_LOSS
 # times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node),
 # unless the best took under WARM seconds: there a first call's own planning (per-shape tables, ~10 us) can lose a
@@ -112,6 +116,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
     its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape,
     as when the thread count changes) it is 0, or ``prior``: the name an earlier input shape of the same node
     chose, which a new shape also takes untimed and unstored, unless ``MINFER_TUNE=all`` (`minfer tune`'s).
+    Called while a `choose` times its candidates (`OUTER`), it is 0 as soon as names[0] lost clearly to them.
     """
     if len(names) < 2 or not enabled():
         return 0
@@ -120,12 +125,15 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
         return list(names).index(chosen)
     if STEADY.get() or (prior in names and os.environ.get(TUNE_ENV) != "all"):
         return list(names).index(prior) if prior in names else 0
-    best, calm = [float("inf")] * len(names), True
+    best, calm, outer = [float("inf")] * len(names), True, OUTER.get()
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
         for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best) or min(best) < WARM][:: 1 - 2 * (r % 2)]:
-            cpu = time.thread_time()
-            best[i] = min(best[i], took := time_one(i))
+            cpu, inner = time.thread_time(), copy_context()  # the candidate's own `choose` sees the others' best
+            inner.run(OUTER.set, min(best))
+            best[i] = min(best[i], took := inner.run(time_one, i))
             calm = calm and time.thread_time() - cpu >= CALM * took  # else this thread waited for a CPU
+            if i == 0 and WARM <= outer < best[0] / CLEAR_LOSS:  # the enclosing timing's clear loser: unstored
+                return 0
     win = best.index(min(best))
     win = 0 if best[0] <= MARGIN * best[win] else win  # names[0], the usual best, stays unless clearly beaten
     store().put(full, names[win]) if calm else store().data.setdefault(full, names[win])  # disturbed: this process'

@@ -361,3 +361,29 @@ def test_minfer_tune_times_every_size_and_leaves_the_environment(cache, tmp_path
     assert main(["tune", str(path), "--dim", "N=1,2"]) == 0
     assert seen and set(seen) == {"all"}
     assert "MINFER_TUNE" not in os.environ
+
+
+def test_a_plugins_choose_inside_a_timing_stops_when_its_usual_best_lost_clearly(cache):
+    """While the core times a node's kernels, a candidate's own `choose` sees the others' best so far: when its
+    first (usual best) method takes over CLEAR_LOSS times that, it stops there, untimed and unstored; a
+    competitive candidate times its methods as usual; alone (no enclosing timing) nothing changes."""
+    inner_ran = []
+
+    def plugin_kernel(method_times):
+        def time_one_outer():
+            won = tuning.choose("inner|" + str(method_times), ["usual", "other", "third"],
+                                lambda j: inner_ran.append(j) or method_times[j])
+            return method_times[won]
+        return time_one_outer
+
+    slow = plugin_kernel([1e-3, 0.9e-3, 0.8e-3])
+    assert tuning.choose("outer|a", ["numba", "numpy"], lambda i: [1e-4, slow][i] if i == 0 else slow()) == 0
+    assert inner_ran == [0]  # one method, then it stopped: a clear loser of the outer timing
+    assert not any(k.startswith("inner|") for k in tuning.store().data)
+    inner_ran.clear()
+    close = plugin_kernel([1.5e-4, 1.2e-4, 2e-4])
+    tuning.choose("outer|b", ["numba", "numpy"], lambda i: 1e-4 if i == 0 else close())
+    assert sorted(set(inner_ran)) == [0, 1, 2]  # competitive: every method timed
+    inner_ran.clear()
+    assert tuning.choose("inner|alone", ["usual", "other"], lambda j: inner_ran.append(j) or [5.0, 1.0][j]) == 1
+    assert sorted(set(inner_ran)) == [0, 1]
