@@ -332,24 +332,21 @@ class Depthwise:
         depthwise_blocked._install()
         x = readonly(np.zeros((1, self.c, 8, 8), dtype))
         self(x, mode, quant, operands)
-        xq, y, table = np.zeros(x.shape, np.float32), np.zeros((1, self.c, 8, 8), np.float32), \
-            readonly(np.array([[0, 0, 1]], np.int64))
-        rows = (self.plain, self.zeros, y, table)
+        xq, table = np.zeros(x.shape, np.float32), readonly(np.array([[0, 0, 1]], np.int64))
+        rows = (self.plain, self.zeros, np.zeros((1, self.c, 8, 8), np.float32), table)  # the row loops (8x8: blocks)
         if mode == CENTERED:
             _centered_rows(x, *rows, 0, 1, 0, 0, *operands, self.chain)
         else:
             _row_units(x, xq, *rows, 0, 1, 0, 0, mode, quant, *operands, self.chain)
-        if team.available() and mode == CENTERED:
-            _drive_centered_rows(x, *rows, 1, 0, 0, *operands, self.chain)
-        elif team.available():
-            _drive_rows(x, xq, *rows, 1, 0, 0, mode, quant, *operands, self.chain)
+        if team.available():
             out_shape, tables = self.locate(x.shape[1:])
-            y, table = np.zeros((1, self.c) + out_shape, np.float32), readonly(np.array([[0, 0, 1]], np.int64))
+            y = np.zeros((1, self.c) + out_shape, np.float32)
             if mode == CENTERED:
+                _drive_centered_rows(x, *rows, 1, 0, 0, *operands, self.chain)
                 _drive_centered(x, self.packed, self.zeros, y, table, 1, *tables, *operands, self.chain)
             else:
-                _drive(x, np.zeros(x.shape, np.float32), self.packed, self.zeros, y, table, 1, *tables, mode, quant,
-                       *operands, self.chain)
+                _drive_rows(x, xq, *rows, 1, 0, 0, mode, quant, *operands, self.chain)
+                _drive(x, xq, self.packed, self.zeros, y, table, 1, *tables, mode, quant, *operands, self.chain)
         self.geometry.clear()
 
     def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple) -> np.ndarray:
@@ -387,7 +384,6 @@ class Depthwise:
         else:  # a unit writes only its y block (and its channels of the scratch)
             parallel_for(len(found), lambda lo, hi: units(*head, lo, hi, *rest), parts=parts, outputs_only=True)
         return y
-
 
     def _cut(self, n: int, in_shape: tuple[int, ...], out_shape: tuple[int, ...], threads: int, native: bool,
              rows: bool) -> tuple[list[tuple[int, int, int]], int, np.ndarray]:
