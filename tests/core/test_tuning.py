@@ -266,7 +266,9 @@ def test_minfer_tune_runs_every_combination_and_stores(cache, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "tuned N=1" in out and "tuned N=2" in out and str(cache) in out
     stored = tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl")))
-    assert any(k.startswith("conv|") and "x=(1, 64, 20, 20)" in k for k in stored)  # the first size's conv choice
+    # the first size's conv choice: the core's among kernels (numba installed) or minfer-ops-conv's among its
+    # methods (which, inside the core's timing, a clear loser leaves unstored: tuning.OUTER)
+    assert any("(1, 64, 20, 20)" in k for k in stored)
 
 
 def test_minfer_tune_refuses_when_tuning_is_off(monkeypatch, tmp_path, capsys):
