@@ -4,7 +4,7 @@
 
 Per model two sessions of two threads are built: one whose shapes may settle on one thread alone
 (minfer-parallel's ``executors.SERIAL_RUN``, as shipped) and one that may not (``SERIAL_RUN`` 0 while it
-decides). Each warms up alone, then they alternate ``--rounds`` blocks of ``--repeat`` runs, each block after
+decides, in its first run; neither takes a mode stored by the other). Each warms up alone, then they alternate ``--rounds`` blocks of ``--repeat`` runs, each block after
 a pause (as bench.benchmark times them: worker threads that slept since the last run wake as a user's would).
 Printed: each session's median in ms and the mode its shape settled on.
 """
@@ -26,13 +26,17 @@ def compare(name: str, batch: int, rounds: int, repeat: int) -> dict[str, object
     from minfer_parallel import executors
 
     import minfer_core
+    from minfer_core import tuning
 
     model = build(name, batch)
     model.ir_version = ORT_IR_VERSION
     feeds = random_feeds(model)
     shipped, sessions = executors.SERIAL_RUN, {}
     for label, limit in (("without serial", 0.0), ("with serial", shipped)):
-        executors.SERIAL_RUN = limit  # read when a shape's choice is made: during the warm-up below
+        executors.SERIAL_RUN = limit  # read when a shape's choice is made: in its first run, below
+        store = tuning.store().data  # each session times its modes: the other's stored choice would be taken
+        for key in [k for k in store if k.startswith("executor-mode|")]:
+            del store[key]
         try:
             session = sessions[label] = minfer_core.InferenceSession(model, threads=2)
             for _ in range(WARMUP):
@@ -50,7 +54,7 @@ def compare(name: str, batch: int, rounds: int, repeat: int) -> dict[str, object
     row: dict[str, object] = {"model": name, "batch": batch}
     for label, session in sessions.items():
         row[label] = round(statistics.median(times[label]), 3)
-        row[f"{label} mode"] = [c.mode for c in session.executor.teams.values()]
+        row[f"{label} mode"] = list(session.executor.teams.values())
     return row
 
 

@@ -113,9 +113,9 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
     """The index of the fastest of ``names`` (the usual best first: another must beat it by `MARGIN`) for ``key``:
     as stored, else timed now with ``time_one(i)`` and stored (for later processes too unless another process's
     load disturbed the timing: `CALM`). ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
-    its seconds. Without timing (one candidate, ``MINFER_TUNE=0``, or a key first met in a later run of a shape,
-    as when the thread count changes) it is 0, or ``prior``: the name an earlier input shape of the same node
-    chose, which a new shape also takes untimed and unstored, unless ``MINFER_TUNE=all`` (`minfer tune`'s).
+    its seconds (inf: it declines, unrun). Without timing (one candidate, ``MINFER_TUNE=0``, or a key first met in
+    a later run of a shape, as when the thread count changes) it is 0, or ``prior``: the name an earlier input
+    shape of the same node chose, which a new shape also takes untimed and unstored, unless ``MINFER_TUNE=all``.
     Called while a `choose` times its candidates (`OUTER`), it is 0 as soon as names[0] lost clearly to them.
     """
     if len(names) < 2 or not enabled():
@@ -131,7 +131,8 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
             cpu, inner = time.thread_time(), copy_context()  # the candidate's own `choose` sees the others' best
             inner.run(OUTER.set, min(best))
             best[i] = min(best[i], took := inner.run(time_one, i))
-            calm = calm and time.thread_time() - cpu >= CALM * took  # else this thread waited for a CPU
+            # else this thread waited for a CPU (a candidate timed inf declined without running: nothing to wait for)
+            calm = calm and (took == float("inf") or time.thread_time() - cpu >= CALM * took)
             if i == 0 and WARM <= outer < best[0] / CLEAR_LOSS:  # the enclosing timing's clear loser: unstored
                 return 0
     win = best.index(min(best))

@@ -65,6 +65,18 @@ def test_a_timing_another_process_disturbed_holds_in_this_process_only(cache, mo
     assert tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl"))) == {"op|calm|a,b": "b"}
 
 
+def test_a_candidate_declining_unrun_leaves_the_timing_calm(cache, monkeypatch):
+    """time_one may return inf for a candidate that does not run for this key (minfer-parallel's one thread alone
+    on a long run): it loses, and the choice is stored, its zero CPU time being no sign of another process's load."""
+    monkeypatch.setattr(tuning, "CALM", 0.8)
+    clock = iter(range(10_000))  # one CPU second between the reads around a timing: calm for 1 s timings
+    monkeypatch.setattr(tuning, "time", types.SimpleNamespace(thread_time=lambda: next(clock),
+                                                              perf_counter=time.perf_counter))
+    time_one, _ = fake_times([1.0, 1.0, float("inf")])
+    assert tuning.choose("op|declined", ["a", "b", "c"], time_one) == 0
+    assert tuning.ChoiceStore._read(next(cache.glob("tuning-*.jsonl"))) == {"op|declined|a,b,c": "a"}
+
+
 def test_the_fingerprint_tells_cpu_generations_of_one_name_apart(monkeypatch):
     """Two CPUs that /proc/cpuinfo names alike ("AMD EPYC") but with another family or other flags get different
     fingerprints: choices timed on one are not read on the other."""
@@ -326,7 +338,7 @@ def test_planned_runs_call_each_shapes_chosen_kernel_directly(monkeypatch, minfe
     nodes = [helper.make_node("Twice", ["x"], ["y"], domain="test.settle")]
     model = make_model(nodes, [tensor("x", ["N", 4])], [tensor("y", ["N", 4])],
                        extra_opsets=[helper.make_opsetid("test.settle", 1)])
-    sess = InferenceSession(model, passes="none", threads=None)
+    sess = InferenceSession(model, passes="none", threads=1)  # one thread: no runs timing the executor's modes
     for rows in (2, 2, 3, 3, 2):  # first runs of each shape, then planned ones
         x = np.full((rows, 4), rows, np.float32)
         np.testing.assert_array_equal(sess.run(None, {"x": x})[0], 2 * x)

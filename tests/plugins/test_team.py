@@ -272,20 +272,30 @@ def test_a_refused_claim_leaves_the_pool_as_it_was():
         release_pool(pool)
 
 
-def test_the_executor_decides_per_shape_whether_kernels_may_claim(monkeypatch):
-    """A model whose kernel claims the threads: after the first runs the executor alternates runs with and without
-    claims (procs.ModeChoice) and settles on one, per input shape; the outputs agree (last bits: BLAS call shapes)."""
+def test_the_executor_decides_per_shape_whether_kernels_may_claim(monkeypatch, tmp_path):
+    """A model whose kernel claims the threads: its shape's first run times runs of the plan with and without
+    claims (and on one thread alone: a short run) and keeps one mode; later runs agree with the first (last bits:
+    BLAS call shapes)."""
+    from minfer_core import tuning
+    from minfer_parallel import executors, procs
+
     _needs_team()
-    monkeypatch.setenv("MINFER_TUNE", "0")
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.delenv("MINFER_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "CALM", 0.0)
+    modes = []
+    real = executors.ThreadsExecutor._run_in
+    monkeypatch.setattr(executors.ThreadsExecutor, "_run_in",
+                        lambda self, *a: modes.append(a[-1]) or real(self, *a))
     model = _gemm_model(8, 512, 300, 1, "Relu", True)
     x = np.random.default_rng(2).standard_normal((8, 512)).astype(np.float32)
     session = minfer_core.InferenceSession(model, threads=2)
     first = session.run(None, {"x": x})[0]
-    executor = session.executor
-    for _ in range(2 + 2 * 3):  # the first run, the one that makes the choice, two trials of each mode
+    (choice,) = session.executor.teams.values()
+    assert procs.TEAM in modes and procs.THREADS in modes and choice in modes
+    for _ in range(3):
         np.testing.assert_allclose(session.run(None, {"x": x})[0], first, rtol=1e-6, atol=1e-7)
-    (choice,) = executor.teams.values()
-    assert choice.team is not None
+    assert modes[-3:] == [choice] * 3
 
 
 @pytest.mark.parametrize("given", [{}, {"OMP_WAIT_POLICY": "passive"}, {"GOMP_SPINCOUNT": "5"}])
@@ -344,7 +354,7 @@ print(os.waitstatus_to_exitcode(status))
 def test_a_sessions_no_to_claims_ends_with_its_run(monkeypatch):
     """The pool is shared: a session whose shape settled on no claims says so for its own runs only; kernels in a
     later using_threads block may claim again."""
-    from minfer_parallel.procs import ModeChoice
+    from minfer_parallel.procs import THREADS
 
     _needs_team()
     monkeypatch.setenv("MINFER_TUNE", "0")
@@ -354,7 +364,7 @@ def test_a_sessions_no_to_claims_ends_with_its_run(monkeypatch):
     session.run(None, {"x": x})
     session.run(None, {"x": x})
     (sig,) = session.executor.teams
-    session.executor.teams[sig] = ModeChoice(team=False)
+    session.executor.teams[sig] = THREADS
     seen = []
     real = team.size
     monkeypatch.setattr(team, "size", lambda: seen.append(real()) or seen[-1])

@@ -203,31 +203,105 @@ def test_blas_threads_are_set_from_any_python_thread():
         set_blas_threads(before)
 
 
-def test_a_short_runs_modes_end_with_the_fastest_serial_included():
-    """procs.ModeChoice times each mode in turn, one thread alone last, and keeps the one with the best run."""
+def _count_mode_runs(monkeypatch):
+    """The runs of planned shapes the threads executor makes, as the mode of each (`_run_in` with a mode)."""
+    from minfer_parallel import executors
+
+    modes = []
+    real = executors.ThreadsExecutor._run_in
+
+    def spy(self, vals, sig, observers, fresh, want, pool, mode):
+        modes.append(mode)
+        return real(self, vals, sig, observers, fresh, want, pool, mode)
+
+    monkeypatch.setattr(executors.ThreadsExecutor, "_run_in", spy)
+    return modes
+
+
+def test_a_shapes_mode_is_timed_in_its_first_run_and_never_later(monkeypatch, tmp_path):
+    """The first run of a shape plans it, then times runs of the plan in each mode (two runs a trial: the first
+    settles the threads) and keeps one; every later run is one run in that mode. The choice is stored: a second
+    session of the model times nothing and takes it."""
+    from minfer_core import tuning
     from minfer_parallel import procs
 
-    choice = procs.ModeChoice(modes=(procs.TEAM, procs.THREADS, procs.SERIAL), serial_below=0.002)
-    times = {procs.TEAM: 0.0009, procs.THREADS: 0.0012, procs.SERIAL: 0.0007}
-    order = []
-    while choice.mode is None:
-        order.append(choice.want())
-        choice.record(order[-1], times[order[-1]])
-    assert order[:3] == [procs.TEAM, procs.THREADS, procs.SERIAL] and len(order) == 6
-    assert choice.mode == procs.SERIAL and choice.team is False
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.delenv("MINFER_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "CALM", 0.0)  # stored whatever the machine's load did to the timing thread
+    modes = _count_mode_runs(monkeypatch)
+    session = InferenceSession(_model(), threads=2)
+    np.testing.assert_array_equal(session.run(None, {"x": X})[0], -np.maximum(X, 0))
+    (sig,) = session.executor.teams
+    chosen = session.executor.teams[sig]
+    # the build's run on zeros planned the shape, then timed threads and serial (no kernel claims here), each
+    # trial two runs, in choose's two rounds; then the run above, in the chosen mode
+    trials = modes[1:-1]
+    assert modes[0] is None and modes[-1] == chosen in (procs.THREADS, procs.SERIAL)
+    assert trials.count(procs.THREADS) >= 2 and trials.count(procs.SERIAL) >= 2 and len(trials) % 2 == 0
+    for _ in range(3):
+        del modes[:]
+        np.testing.assert_array_equal(session.run(None, {"x": X})[0], -np.maximum(X, 0))
+        assert modes == [chosen]
+    del modes[:]
+    again = InferenceSession(_model(), threads=2)
+    again.run(None, {"x": X})
+    assert modes == [None, chosen] and list(again.executor.teams.values()) == [chosen]
 
 
-def test_a_long_run_never_tries_one_thread():
-    """Once every other mode's best run is serial_below or longer, the serial mode is dropped untried: its trial
-    would be a slow run."""
+def test_without_tuning_a_shape_takes_its_first_mode_untimed(monkeypatch, tmp_path):
+    """MINFER_TUNE=0 (a deterministic first run): no trial runs; kernels may claim the threads if one did, else
+    the pool splits them."""
     from minfer_parallel import procs
 
-    choice = procs.ModeChoice(modes=(procs.THREADS, procs.SERIAL), serial_below=0.002)
-    while choice.mode is None:
-        mode = choice.want()
-        assert mode == procs.THREADS
-        choice.record(mode, 0.005)
-    assert choice.mode == procs.THREADS and choice.modes == (procs.THREADS,)
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.setenv("MINFER_TUNE", "0")
+    modes = _count_mode_runs(monkeypatch)
+    session = InferenceSession(_model(), threads=2)
+    session.run(None, {"x": X})
+    assert modes == [None, procs.THREADS] and list(session.executor.teams.values()) == [procs.THREADS]
+
+
+def test_a_long_run_never_tries_one_thread(monkeypatch, tmp_path):
+    """Serial is timed only while another mode's best run is under SERIAL_RUN: a longer run would lose more on one
+    thread than the hand-overs cost, and its trial would be a slow run."""
+    from minfer_core import tuning
+    from minfer_parallel import executors, procs
+
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.delenv("MINFER_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "CALM", 0.0)
+    monkeypatch.setattr(executors, "SERIAL_RUN", 0.0)  # every run is "long"
+    modes = _count_mode_runs(monkeypatch)
+    session = InferenceSession(_model(), threads=2)
+    session.run(None, {"x": X})
+    assert procs.SERIAL not in modes and modes.count(procs.THREADS) >= 2
+    assert list(session.executor.teams.values()) == [procs.THREADS]
+
+
+@pytest.mark.parametrize("first", ["threads", "serial"])
+def test_a_new_shape_takes_the_mode_an_earlier_shape_chose(monkeypatch, tmp_path, first):
+    """A session's later input shapes take the mode its first shape chose untimed (as kernels' choices do), unless
+    that was one thread alone, which a larger shape may lose by far: then the new shape times its modes."""
+    from minfer_core import tuning
+    from minfer_parallel import executors
+
+    monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
+    monkeypatch.delenv("MINFER_TUNE", raising=False)
+    monkeypatch.setattr(tuning, "CALM", 0.0)
+    monkeypatch.setattr(executors, "SERIAL_RUN", 0.0)  # the first shape settles on threads...
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    session = InferenceSession(make_model(nodes, [tensor("x", ["n", 3])], [tensor("y", ["n", 3])]), threads=2)
+    session.run(None, {"x": X})
+    (sig,) = session.executor.teams
+    session.executor.teams[sig] = first  # ...or, for this case, on one thread alone
+    monkeypatch.setattr(executors, "SERIAL_RUN", 1.0)
+    modes = _count_mode_runs(monkeypatch)
+    np.testing.assert_array_equal(session.run(None, {"x": -np.ones((5, 3), np.float32)})[0], np.zeros((5, 3)))
+    second = list(session.executor.teams.values())[1]
+    if first == "threads":
+        assert modes == [None] and second == "threads"
+    else:
+        assert "serial" in modes and "threads" in modes  # timed both ways
 
 
 def test_a_shape_settled_on_one_thread_runs_without_the_pool(monkeypatch):
@@ -243,7 +317,6 @@ def test_a_shape_settled_on_one_thread_runs_without_the_pool(monkeypatch):
     real = executors.using_pool
     monkeypatch.setattr(executors, "using_pool", lambda pool: pools.append(pool) or real(pool))
     for mode in (procs.SERIAL, procs.THREADS):
-        session.executor.teams[sig] = procs.ModeChoice(modes=(mode,))
-        session.executor.teams[sig].mode = mode
+        session.executor.teams[sig] = mode
         np.testing.assert_array_equal(session.run(None, {"x": X})[0], want)
     assert pools[0] is None and pools[1] is session.executor.pool is not None

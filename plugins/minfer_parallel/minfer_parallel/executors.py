@@ -8,6 +8,7 @@ for "processes" a forked worker that shares the arena (procs.py).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 import weakref
@@ -16,6 +17,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from minfer_core import Program, SequentialExecutor, Stage, intra_op_threads, using_pool
+from minfer_core import choose as choose_timed
 
 from . import procs
 from .autothreads import AutoThreads, usable_cpus
@@ -29,8 +31,8 @@ INTER_OP = ("auto", "always", "never")
 INTER_OP_ENV = "MINFER_INTER_OP"
 
 Signature = Any
-# runs shorter than this (seconds) also time one thread alone (procs.ModeChoice): a small model's splits may cost
-# more in hand-overs than they save, and a serial trial run costs at most this much more than a parallel one
+# runs shorter than this (seconds) also time one thread alone: a small model's splits may cost more in hand-overs
+# than they save, and a serial trial run costs at most this much more than a parallel one
 SERIAL_RUN = 0.002
 
 
@@ -65,7 +67,8 @@ class ThreadsExecutor(SequentialExecutor):
         self.staged: dict[Signature, tuple[list[Item], list[int]]] = {}  # the staged loop (stages.compose)
         self.pending: set[Signature] = set()  # signatures still timing their stages
         self.calibrations: dict[Signature, Calibration] = {}
-        self.teams: dict[Signature, procs.ModeChoice] = {}  # per shape: let kernels claim the threads, or not
+        self.teams: dict[Signature, str] = {}  # per shape, its mode (procs.TEAM, THREADS or SERIAL): `_choose_mode`
+        self.digest = _digest(program)
 
     def _acquire(self, threads: int) -> ThreadPool:
         pool = acquire_pool(threads)
@@ -84,48 +87,67 @@ class ThreadsExecutor(SequentialExecutor):
         pool = self.pool if want and want > 1 else None
         if pool is not None and made_before_fork(pool):  # a forked child (a process pool's worker): own threads
             pool = self.pool = self._acquire(pool.threads)
+        first = pool is not None and not fresh and not observers and sig not in self.plans.bound
+        fed, claims = (list(vals), pool.claims) if first else (None, 0)  # the weights and feeds, for the trials
+        result = self._run_in(vals, sig, observers, fresh, want, pool, self.teams.get(sig))
+        if fed is not None and sig in self.plans.bound and sig not in self.teams:  # this run planned the shape
+            self.teams[sig] = self._choose_mode(fed, sig, want, pool, pool.claims > claims)
+        return result
+
+    def _run_in(self, vals: list[Any], sig: Signature, observers: Sequence[Any], fresh: bool, want: int | None,
+                pool: ThreadPool | None, mode: str | None) -> Any:
+        """One run in ``mode`` (None: the pool's threads, kernels may claim them: a shape's first run)."""
         # kernels split their own work over the pool's threads; numpy's BLAS runs one thread per call
         previous = set_blas_threads(1) if want else None
-        choice, mode, claims, start = None, None, 0, 0.0
-        if pool is not None:
-            choice = self.teams.get(sig)
-            mode = choice.want() if choice is not None else None
+        try:
+            if pool is None:
+                return super().run(vals, sig, observers, fresh)
             pool.claimable = mode in (None, procs.TEAM)
-            claims, start = pool.claims, time.perf_counter()
             if mode != procs.SERIAL:
                 pool.enter()
                 if mode == procs.TEAM:
                     pool.claim()  # from the start: no kernel before the first team's wakes the pool's threads
-        try:
-            with using_pool(None if mode == procs.SERIAL else pool):
-                return super().run(vals, sig, observers, fresh)
-        finally:
-            if pool is not None:
+            try:
+                with using_pool(None if mode == procs.SERIAL else pool):
+                    return super().run(vals, sig, observers, fresh)
+            finally:
                 if mode != procs.SERIAL:
                     pool.leave()
-                self._learn(sig, choice, mode, pool.claims > claims, time.perf_counter() - start, fresh)
                 pool.claimable = True  # this run's say only: the pool is shared (other sessions, using_threads)
+        finally:
             if previous is not None and previous != 1:
                 set_blas_threads(previous)
 
-    def _learn(self, sig: Signature, choice: procs.ModeChoice | None, mode: str | None, claimed: bool,
-               seconds: float, fresh: bool) -> None:
-        """How this shape's runs use the threads (procs.ModeChoice). Whether they let kernels claim the threads
-        for their own team (minfer_core.claim_threads): other kernels' parallel_for then runs serially, which
-        pays on models whose splits are nearly all compiled teams (MobileNetV2, b1: 3.9 ms against 5.4) and may
-        not where numpy's Winograd convs split over the pool. And, for runs shorter than `SERIAL_RUN`, whether
-        one thread alone is faster. After a shape's first run the next runs take the modes in turn, and the
-        fastest stays (its best run each way)."""
-        if choice is None:
-            if fresh:
-                return
-            # one thread alone only where the user asked for no concurrent stages: they need the pool
-            modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS,) + \
-                ((procs.SERIAL,) if self.inter_op == "never" else ())
-            if len(modes) > 1:
-                self.teams[sig] = procs.ModeChoice(modes=modes, serial_below=SERIAL_RUN)
-        elif choice.team is None:
-            choice.record(mode, seconds)
+    def _choose_mode(self, fed: list[Any], sig: Signature, want: int | None, pool: ThreadPool, claimed: bool) -> str:
+        """How this shape's runs use the threads, chosen in its first run, right after the run that planned it, by
+        timing runs of the plan each way (`minfer_core.choose`: stored with the kernels' choices, so a later
+        process times nothing; a later shape takes this one's choice untimed): "team" (kernels may claim the
+        threads for a compiled team of their own, other kernels' parallel_for then runs serially: MobileNetV2 at
+        batch 1 3.9 ms against 5.4; offered when this run claimed), "threads" (the pool splits kernels, none
+        claims), "serial" (one thread, no pool; offered while another mode's best run is under `SERIAL_RUN`: on a
+        small model the hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
+        A trial runs its mode twice and times the second: right after another mode's run, that mode's threads
+        still spin for a while and slow the first (a one-conv model's team runs timed 153 us so, 88 steadily).
+        Timing here, not in later runs, keeps every later run of the shape as fast as its mode."""
+        modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS,) + \
+            ((procs.SERIAL,) if self.inter_op == "never" else ())  # one thread alone: the stages need the pool
+        if sig in self.pending:  # the next runs time their stages (inter_op "auto"): those timings would be these
+            return modes[0]
+        best: dict[str, float] = {}
+
+        def trial(i: int) -> float:
+            mode = modes[i]
+            if mode == procs.SERIAL and min(best.values(), default=0.0) >= SERIAL_RUN:
+                return float("inf")  # a long run: one thread alone would lose more than the hand-overs cost
+            self._run_in(list(fed), sig, (), False, want, pool, mode)  # not this run's values: a run frees slots
+            start = time.perf_counter()
+            self._run_in(list(fed), sig, (), False, want, pool, mode)
+            took = time.perf_counter() - start
+            best[mode] = min(took, best.get(mode, took))
+            return took
+
+        prior = next((m for m in reversed(self.teams.values()) if m != procs.SERIAL), None)
+        return modes[choose_timed(f"executor-mode|{self.digest}|{_shapes(sig)}|threads={want}", modes, trial, prior)]
 
     def run_bound(self, sig: Signature, vals: list[Any], steps: list[Any], observers: Sequence[Any]) -> None:
         threads = intra_op_threads()
@@ -322,3 +344,17 @@ def _branchy(deps: Sequence[Sequence[int]]) -> bool:
         for p in d:
             readers[p] += 1
     return max(readers, default=0) > 1 or sum(1 for d in deps if not d) > 1
+
+
+def _digest(program: Program) -> str:
+    """The program as the speed of its runs depends on it: each step's node, kernel and slots, the weights' shapes."""
+    steps = [(n.op_type, getattr(sp.kernel, "plugin", ""), getattr(getattr(sp.kernel, "fn", None), "__qualname__", ""),
+              sp.ins, sp.outs)
+             for n, sp in zip(program.step_nodes, program.specs)]
+    weights = [(i, v.shape, str(v.dtype)) for i, v in enumerate(program.template) if isinstance(v, np.ndarray)]
+    return hashlib.sha256(repr((steps, weights)).encode()).hexdigest()[:16]
+
+
+def _shapes(sig: Signature) -> str:
+    """A signature's shapes and dtypes as text."""
+    return repr([(shape, str(dtype)) for shape, dtype in sig]) if isinstance(sig, tuple) else repr(sig)

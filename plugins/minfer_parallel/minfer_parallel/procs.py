@@ -173,30 +173,26 @@ class Dispatch:
             self.flags = [c and s < self.GAIN * a for c, s, a in zip(self.candidates, shared, alone)]
 
 
-TEAM, THREADS, SERIAL = "team", "threads", "serial"  # `ModeChoice`'s modes
+TEAM, THREADS, SERIAL = "team", "threads", "serial"  # how a run uses the threads (executors.py, `ModeChoice`)
 
 
 class ModeChoice:
-    """How one input shape's runs use the threads, from whole runs timed each way once its steps' sharing is set.
+    """For the process team: whether one input shape's runs use the team, from whole runs timed each way once its
+    steps' sharing is set.
 
-    The modes: ``team`` (kernels may claim the threads for a team of their own: a compiled team, or the
-    process team's worker), ``threads`` (the pool's threads split kernels, none claims them), ``serial`` (one
-    thread, no pool). Steps the team does not share run in this process alone, while the threads mode splits
-    some of them (MatMuls, elementwise ops, softmax) over two threads: a transformer block at batch 1 shared
-    none of its steps and ran 20% slower with the team. On a short run the hand-overs, and waking threads that
-    slept since the last split, cost more than the splits save: a 0.4 ms orientation classifier ran 345 us
-    serial against 449 with two threads. So runs take the modes in turn `TRIALS` times each and the fastest,
-    by its best run, stays (the team's best divided by `GAIN`). ``serial`` is timed last, and only while the
-    other modes' best run is under ``serial_below`` seconds: a longer run would lose more on one thread than
-    the hand-overs cost, and its trial would be a slow run.
+    The modes: ``team`` (kernels may claim the threads for a team of their own: here the process team's worker),
+    ``threads`` (the run of the threads executor, in its own mode for the shape: executors.py's `_choose_mode`).
+    Steps the team does not share run in this process alone, while the threads mode splits some of them (MatMuls,
+    elementwise ops, softmax) over two threads: a transformer block at batch 1 shared none of its steps and ran
+    20% slower with the team. So runs take the modes in turn `TRIALS` times each and the faster, by its best run,
+    stays (the team's best divided by `GAIN`).
     """
 
     TRIALS = 2
     GAIN = 1.0  # the team stays when its best run took less than this times the others' best
 
-    def __init__(self, team: bool | None = None, modes: tuple[str, ...] = (TEAM, THREADS),
-                 serial_below: float = 0.0) -> None:
-        self.modes, self.serial_below = modes, serial_below
+    def __init__(self, team: bool | None = None, modes: tuple[str, ...] = (TEAM, THREADS)) -> None:
+        self.modes = modes
         self.mode = None if team is None else TEAM if team else THREADS
         self._times: dict[str, list[float]] = {m: [] for m in modes}
 
@@ -219,11 +215,6 @@ class ModeChoice:
         if self.mode is not None:
             return
         self._times[TEAM if mode is True else THREADS if mode is False else mode].append(seconds)
-        others = [t for m, t in self._times.items() if m != SERIAL]
-        if SERIAL in self.modes and not self._times[SERIAL] and all(others) \
-                and min(map(min, others)) >= self.serial_below:
-            self.modes = tuple(m for m in self.modes if m != SERIAL)
-            del self._times[SERIAL]
         if all(len(t) >= self.TRIALS for t in self._times.values()):
             self.mode = min(self.modes, key=lambda m: min(self._times[m]) / (self.GAIN if m == TEAM else 1.0))
 
