@@ -9,7 +9,7 @@ pytest.importorskip("numba", reason="minfer-ops-numba needs numba (pip install m
 
 import minfer_core  # noqa: E402
 from minfer_core import Engine, KernelContext, TensorType, get_registry  # noqa: E402
-from minfer_ops_numba import activation, team  # noqa: E402
+from minfer_ops_numba import activation, pointwise, team  # noqa: E402
 from minfer_passes import ops  # noqa: E402
 from modelkit import make_model, ort_run, tensor  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
@@ -129,8 +129,10 @@ def first_conv_method(monkeypatch):
     monkeypatch.setattr(conv, "TUNE", False)
     monkeypatch.setenv("MINFER_TUNE", "0")
     monkeypatch.setattr(team, "native", lambda epilogue: None)  # the Python epilogue under test: none compiled
-    # and no conv compiled end to end (smallconv's, winograd's): the unfused conv would make other BLAS calls
+    # and no conv compiled end to end (smallconv's, winograd's, pointwise's): the unfused conv would make other
+    # BLAS calls, or none
     monkeypatch.setattr(team, "gemm_address", lambda: 0)
+    monkeypatch.setattr(pointwise, "_AVAILABLE", False)
 
 
 ACTS = [  # (activation node(s) after ``name``, extra initializers, opset)

@@ -1,0 +1,167 @@
+"""minfer-ops-numba's pointwise Conv (pointwise.py: 1x1 at stride 1 by an AVX-512 micro-kernel in LLVM IR): against
+onnx's reference Conv, on one thread and two, with the fused op's epilogue, its units, and where it applies."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("numba")
+
+from minfer_core import KernelContext, TensorType, get_registry  # noqa: E402
+from minfer_core.parallel import using_threads  # noqa: E402
+from minfer_ops_numba import activation, pointwise, team  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from modelkit import assert_epilogue_once, conv_context, fused_epilogue, onnx_conv  # noqa: E402
+
+pytestmark = [pytest.mark.usefixtures("numba_plugin"),  # tests/plugins/conftest.py
+              pytest.mark.skipif(not pointwise.available(), reason="the micro-kernel needs AVX-512F and LLVM >= 17")]
+
+CASES = [  # (N, C, H, W), M, bias: M not a multiple of 4, pixels not of 64, one channel, batches, a 1x1 map
+    ((1, 16, 112, 112), 96, True),
+    ((1, 32, 7, 9), 5, True),
+    ((2, 3, 10, 13), 8, False),
+    ((3, 17, 5, 33), 13, True),
+    ((1, 1, 4, 4), 2, True),
+    ((2, 160, 7, 7), 960, True),
+    ((1, 64, 1, 1), 7, False),
+]
+
+
+def case(xs, m, bias=True, seed=0):
+    rng = np.random.default_rng(seed + sum(xs))
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = (rng.standard_normal((m, xs[1], 1, 1)) / np.sqrt(xs[1])).astype(np.float32)
+    return x, w, rng.standard_normal(m, dtype=np.float32) if bias else None
+
+
+def prepared(x, w, b):
+    ctx = conv_context(x, w, b)
+    assert pointwise.applies(ctx, {})
+    return pointwise.conv.prepared(ctx, {})
+
+
+@pytest.mark.parametrize("xs, m, bias", CASES)
+def test_matches_the_reference_conv_with_the_same_bits_on_any_thread_count(xs, m, bias):
+    """The micro-kernel's conv gives onnx's reference Conv within float32 rounding, into a fresh array or the
+    engine's buffer (written whole), with the same bits on one thread and two (each output's products are summed
+    in channel order whatever the units)."""
+    x, w, b = case(xs, m, bias)
+    run = prepared(x, w, b)
+    want = onnx_conv(x, w, b, {})
+    with using_threads(1):
+        one = run(x, None, None)
+    np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-5)
+    y = np.full(want.shape, np.nan, np.float32)
+    with using_threads(2):
+        assert run(x, None, None, out=y) is y
+    np.testing.assert_array_equal(y, one)
+
+
+def test_nan_and_infinity_reach_only_their_own_outputs():
+    """A NaN or an infinity in one pixel of x makes that pixel's outputs NaN or infinite, no other's (masked loads
+    read nothing past the map; no value crosses pixels)."""
+    x, w, b = case((1, 8, 9, 10), 12)
+    x[0, 3, 4, 5] = np.nan
+    x[0, 1, 8, 9] = np.inf
+    got = prepared(x, w, b)(x, None, None)
+    assert np.isnan(got[0, :, 4, 5]).all()
+    assert not np.isfinite(got[0, :, 8, 9]).any()
+    mask = np.ones((9, 10), bool)
+    mask[4, 5] = mask[8, 9] = False
+    assert np.isfinite(got[0][:, mask]).all()
+
+
+def _act(name, shape):
+    ctx = KernelContext("act", name, 22, (TensorType(np.dtype(np.float32), shape),), (None,), (None,), 1)
+    return (activation.relu if name == "Relu" else activation.hard_swish).prepared(ctx, {})
+
+
+@pytest.mark.parametrize("xs, m, bias", [CASES[0], CASES[3], CASES[5]])
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("name", ["Relu", "HardSwish"])
+def test_team_path_gives_the_parallel_for_bits_with_the_epilogue(monkeypatch, xs, m, bias, residual, name):
+    """Over a native team the conv gives the bits of its parallel_for path, bias, residual and activation applied
+    in compiled code per block of pixels, and matches the reference plus that epilogue."""
+    if not team.available():
+        pytest.skip("no native team here: numba's threading layer is not OpenMP or TBB, or MINFER_NUMBA_TEAM=0")
+    x, w, b = case(xs, m, bias)
+    run = prepared(x, w, b)
+    shape = (xs[0], m) + xs[2:]
+    z = np.random.default_rng(3).standard_normal(shape, dtype=np.float32) if residual else None
+    act = _act(name, shape)
+    epilogue = fused_epilogue(name, (), z, act)
+    calls: list[int] = []
+    real = pointwise.team_units
+    monkeypatch.setattr(pointwise, "team_units", lambda *args: calls.append(1) or real(*args))
+    with using_threads(2):
+        got = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        assert calls, "the team driver never ran"
+        monkeypatch.setattr(team, "size", lambda: 1)
+        want = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+    np.testing.assert_array_equal(got, want)
+    ref = onnx_conv(x, w, b, {}) + (0 if z is None else z)
+    np.testing.assert_allclose(got, act(ref), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_an_epilogue_without_compiled_form_sees_each_output_once_after_its_sum(threads):
+    """An epilogue that does not describe itself (no ``spec``) runs once on every output element, after the whole
+    sum (bias included) is in it."""
+    x, w, b = case((2, 24, 20, 21), 36)
+    assert_epilogue_once(prepared(x, w, b), x, onnx_conv(x, w, b, {}), threads)
+
+
+def test_units_cover_every_output_once_split_by_pixels_or_by_channels():
+    """The units cover each image's pixels and output channels exactly once: runs of whole 64-pixel blocks where an
+    image has enough of them for the threads, else runs of output channels (multiples of 4) over the whole map."""
+    for n, m, pixels, parts in [(1, 96, 12544, 2), (2, 16, 3136, 2), (1, 960, 49, 2), (3, 13, 165, 2), (1, 7, 1, 8),
+                                (4, 64, 196, 2)]:
+        found = pointwise.plan(n, m, pixels, parts)
+        cover = np.zeros((n, m, pixels), int)
+        for i, p0, p1, m0, m1 in found:
+            assert m0 % pointwise.MR == 0 and (p0 % pointwise.W == 0)
+            cover[i, m0:m1, p0:p1] += 1
+        assert (cover == 1).all()
+        assert len(found) >= min(parts, n * max(1, -(-m // pointwise.MR)))
+    assert all(p1 - p0 == 49 for _, p0, p1, _, _ in pointwise.plan(1, 960, 49, 2))  # a 7x7 map: split by channels
+
+
+def test_applies_only_to_1x1_stride_1_unpadded_group_1_convs_with_constant_weights():
+    """It takes float32 1x1 convs at stride 1 and dilation 1 without pads, group 1, of at most MAX_CHANNELS input
+    channels, with constant weights; it refuses every other conv, which another Conv kernel takes."""
+    x, w, b = case((1, 32, 8, 8), 16)
+    assert pointwise.applies(conv_context(x, w, b), {})
+    assert pointwise.applies(conv_context(x, w, None), {"pads": [0, 0, 0, 0], "strides": [1, 1]})
+    wide = case((1, pointwise.MAX_CHANNELS + 1, 2, 2), 4)
+    refused = [
+        (conv_context(x, w, b), {"strides": [2, 2]}),
+        (conv_context(x, w, b), {"dilations": [2, 2]}),
+        (conv_context(x, w, b), {"pads": [1, 1, 1, 1]}),
+        (conv_context(x, w[:, :16], b), {"group": 2}),
+        (conv_context(x, np.repeat(np.repeat(w, 3, axis=2), 3, axis=3), b), {}),  # 3x3
+        (conv_context(*wide), {}),
+        (conv_context(x, w, b, constant=False), {}),
+        (conv_context(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)), {}),
+    ]
+    for ctx, attrs in refused:
+        assert not pointwise.applies(ctx, attrs), attrs
+        chosen = get_registry().select_kernel("", "Conv", 22, ctx=ctx, attrs=attrs)
+        assert chosen is not None and chosen.fn is not pointwise.conv.fn
+
+
+def test_a_pointwise_node_is_timed_against_the_other_conv_kernels():
+    """On a MobileNet pointwise node the registry offers this kernel beside smallconv.py's and minfer-ops-conv's
+    numpy Conv, so the core times them per node shape and keeps the fastest (priority below smallconv's: it must
+    win by the core's margin)."""
+    from minfer_ops_numba import smallconv
+
+    x, w, b = case((1, 16, 112, 112), 96)
+    found = get_registry().kernel_candidates("", "Conv", 22, "numpy", conv_context(x, w, b), {})
+    assert pointwise.conv in found and smallconv.conv in found
+    assert found.index(smallconv.conv) < found.index(pointwise.conv)
+    assert any(k.plugin == "minfer-ops-conv" for k in found)
