@@ -112,3 +112,73 @@ def test_gelu_in_the_write_out_is_the_gelu_kernels_formula():
     gelu._gelu(plain, expect, 0, plain.size)
     np.testing.assert_array_equal(y, expect)
     assert np.isnan(y.reshape(40, 48)[3]).all()
+
+
+# ---- MatMul of two run-time operands (attention's products) ----------------------------------------------------
+
+
+def _batched_ctx(a, b):
+    from minfer_core import KernelContext, TensorType
+
+    return KernelContext("mm", "MatMul", 13, (TensorType(a.dtype, a.shape), TensorType(b.dtype, b.shape)), (None,),
+                         (None, None), 1)
+
+
+def _attention_operands(seed=0):
+    """Q (1, 4, 128, 64) as a transposed head split gives it, K^T and V as transposed views of (1, 128, 4, 64)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
+    kt = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 3, 1)
+    v = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
+    p = rng.standard_normal((1, 4, 128, 128), dtype=np.float32)
+    return q, kt, p, v
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_batched_products_give_numpys_bits_on_a_team_or_not(monkeypatch, threads):
+    """Q @ K^T (K^T read as cblas' transposed B in K's layout) and P @ V (V's rows strided) give numpy's matmul's
+    bits (the same BLAS call a matrix), the matrices over a native team on two threads; odd shapes and batch
+    dims alike; an A whose rows are not unit-stride goes to numpy's matmul as a whole."""
+    q, kt, p, v = _attention_operands()
+    rng = np.random.default_rng(1)
+    strided = rng.standard_normal((2, 9, 16), dtype=np.float32)[:, :, ::2]
+    pairs = [(q, kt), (p, v), (rng.standard_normal((3, 2, 13, 7), dtype=np.float32),
+                                rng.standard_normal((3, 2, 7, 70), dtype=np.float32)),
+             (strided, rng.standard_normal((2, 8, 5), dtype=np.float32))]
+    calls: list[int] = []
+    real = linear.team_products
+    monkeypatch.setattr(linear, "team_products", lambda *args: calls.append(1) or real(*args))
+    from minfer_core.parallel import using_threads
+
+    for a, b in pairs:
+        assert linear._applies_batched(_batched_ctx(a, b), {})
+        run = linear.batched_matmul.prepared(_batched_ctx(a, b), {})
+        with using_threads(threads):
+            got = run(a, b)
+            y = np.full(got.shape, np.nan, np.float32)
+            assert run(a, b, out=y) is y
+        np.testing.assert_array_equal(got, np.matmul(a, b))
+        np.testing.assert_array_equal(y, got)
+    if threads == 2 and team.available():
+        assert calls, "the team driver never ran"
+
+
+def test_batched_products_apply_to_run_time_operands_of_the_same_batch_dims_only():
+    """A constant B is `matmul`'s; broadcast batch dims, rank 2, an unknown K and float64 go to numpy's kernel."""
+    q, kt, _, _ = _attention_operands()
+    from minfer_core import KernelContext, TensorType
+
+    assert linear._applies_batched(_batched_ctx(q, kt), {})
+    refused = [
+        _batched_ctx(q, kt[:, :1]),  # B broadcast over the heads
+        _batched_ctx(q[0, 0], kt[0, 0]),  # rank 2
+        _batched_ctx(q.astype(np.float64), kt.astype(np.float64)),
+        KernelContext("mm", "MatMul", 13, (TensorType(np.dtype(np.float32), (1, 4, 128, 64)),
+                                           TensorType(np.dtype(np.float32), (1, 4, 64, 128))), (None,),
+                      (None, np.ascontiguousarray(kt)), 1),  # a constant B
+        KernelContext("mm", "MatMul", 13, (TensorType(np.dtype(np.float32), (1, 4, 128, None)),
+                                           TensorType(np.dtype(np.float32), (1, 4, None, 128))), (None,),
+                      (None, None), 1),  # K unknown
+    ]
+    for ctx in refused:
+        assert not linear._applies_batched(ctx, {})

@@ -128,8 +128,9 @@ class ThreadsExecutor(SequentialExecutor):
         small model the hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
         A trial runs its mode twice and times the second: right after another mode's run, that mode's threads
         still spin for a while and slow the first (a one-conv model's team runs timed 153 us so, 88 steadily).
-        Each mode is timed once (choose's second round finds it declining): whole runs, warmed by the settling
-        run, and a second round doubled the trials' cost (MobileNetV2 b1: ~80 ms of a 170 ms first run).
+        Each mode is timed in both of choose's rounds, its best kept: timed once, one disturbed run chose the
+        threads mode for a transformer block whose team mode ran 20% faster (the choice is stored); the second
+        round costs MobileNetV2 b1 ~20 ms more of a ~170 ms first run.
         Timing here, not in later runs, keeps every later run of the shape as fast as its mode."""
         modes = ((procs.TEAM,) if claimed else ()) + (procs.THREADS,) + \
             ((procs.SERIAL,) if self.inter_op == "never" else ())  # one thread alone: the stages need the pool
@@ -139,8 +140,8 @@ class ThreadsExecutor(SequentialExecutor):
 
         def trial(i: int) -> float:
             mode = modes[i]
-            if mode in best or mode == procs.SERIAL and min(best.values(), default=0.0) >= SERIAL_RUN:
-                return float("inf")  # timed once (its settling run warmed it); serial: a long run, a sure loss
+            if mode == procs.SERIAL and min(best.values(), default=0.0) >= SERIAL_RUN:
+                return float("inf")  # a long run: one thread alone would lose more than the hand-overs cost
             self._run_in(list(fed), sig, (), False, want, pool, mode)  # not this run's values: a run frees slots
             start = time.perf_counter()
             self._run_in(list(fed), sig, (), False, want, pool, mode)
