@@ -131,9 +131,32 @@ def test_units_cover_every_output_once_split_by_pixels_or_by_channels():
     assert all(p1 - p0 == 49 for _, p0, p1, _, _ in pointwise.plan(1, 960, 49, 2))  # a 7x7 map: split by channels
 
 
+def _live_weight_context(x, w, b, static=True):
+    """A Conv node's context whose weight comes with each run (minfer-passes' DequantConv calls its base kernel so):
+    its type only, static or not; the bias a constant."""
+    wt = TensorType(w.dtype, w.shape if static else (None,) + w.shape[1:])
+    types = (TensorType(x.dtype, x.shape), wt) + ((TensorType(b.dtype, b.shape),) if b is not None else ())
+    return KernelContext("node", "Conv", 22, types, (None,), (None, None) + ((b,) if b is not None else ()), 1)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_a_weight_given_with_each_run_is_read_in_place(bias):
+    """With a float32 weight of static shape given at each run (no constant), the kernel reads that run's weight:
+    two runs with two weights give each its own reference conv; a weight of unknown shape is refused."""
+    x, w, b = case((2, 24, 9, 11), 20, bias)
+    ctx = _live_weight_context(x, w, b)
+    assert pointwise.applies(ctx, {})
+    run = pointwise.conv.prepared(ctx, {})
+    for scale in (1.0, -0.5):
+        np.testing.assert_allclose(run(x, w * np.float32(scale), None), onnx_conv(x, w * np.float32(scale), b, {}),
+                                   rtol=1e-5, atol=1e-5)
+    assert not pointwise.applies(_live_weight_context(x, w, b, static=False), {})
+
+
 def test_applies_only_to_1x1_stride_1_unpadded_group_1_convs_with_constant_weights():
     """It takes float32 1x1 convs at stride 1 and dilation 1 without pads, group 1, of at most MAX_CHANNELS input
-    channels, with constant weights; it refuses every other conv, which another Conv kernel takes."""
+    channels, with constant weights (or a weight given with each run, above); it refuses every other conv, which
+    another Conv kernel takes."""
     x, w, b = case((1, 32, 8, 8), 16)
     assert pointwise.applies(conv_context(x, w, b), {})
     assert pointwise.applies(conv_context(x, w, None), {"pads": [0, 0, 0, 0], "strides": [1, 1]})
@@ -145,7 +168,7 @@ def test_applies_only_to_1x1_stride_1_unpadded_group_1_convs_with_constant_weigh
         (conv_context(x, w[:, :16], b), {"group": 2}),
         (conv_context(x, np.repeat(np.repeat(w, 3, axis=2), 3, axis=3), b), {}),  # 3x3
         (conv_context(*wide), {}),
-        (conv_context(x, w, b, constant=False), {}),
+        (conv_context(x, w, b, constant=False), {}),  # a bias given with each run
         (conv_context(x.astype(np.float64), w.astype(np.float64), b.astype(np.float64)), {}),
     ]
     for ctx, attrs in refused:

@@ -4,9 +4,11 @@ A pointwise conv is a GEMM on its input as it lies: Y[M, P] = W[M, K] @ X[K, P] 
 K rows contiguous). In MobileNets most of them have few input channels (K = 16-64) and many pixels, a shape for
 which OpenBLAS's sgemm, packing both operands at each call, ran 35-47 GMAC/s on one thread of this machine.
 Here a tile of 4 output channels by 64 pixels is summed in 16 AVX-512 registers (`_tile`: per input channel
-four loads of X's row, four broadcast weights, 16 fused multiply-adds), straight from X (rows K apart, masked
-at the map's end: nothing read past it) into Y; the weights are packed once at build, 4 rows interleaved per
-channel. numba's own loops neither keep such accumulators in registers nor issue the fused multiply-adds, so
+four loads of X's row, four broadcast weights, 16 fused multiply-adds), straight from X (rows P apart, masked
+at the map's end: nothing read past it) into Y, the weights read as they lie (four rows' streams: as fast as a
+packed copy here), so a weight given with each run (minfer-passes' DequantConv dequantizes its 8-bit weight
+into scratch so) needs no packing either. numba's own loops neither keep such accumulators in registers nor
+issue the fused multiply-adds, so
 the micro-kernel is IR (numba intrinsics, built here: numba's cache of this file's compiled functions is
 invalidated by changes to this file only, so the IR helpers are not shared with igemm.py's). Each block of 64
 pixels then gets the fused op's epilogue over all its output channels while they are in cache (`team.finish`:
@@ -64,34 +66,24 @@ def available() -> bool:
 _AVAILABLE: bool | None = None
 
 
-def pack(w: np.ndarray) -> np.ndarray:
-    """The (M, K) weights as (ceil(M / MR), K, MR) float32: each block's MR rows interleaved per input channel (the
-    tile's four broadcasts one 16-byte read), rows past M zero."""
-    m, k = w.shape
-    blocks = -(-m // MR)
-    out = np.zeros((blocks * MR, k), np.float32)
-    out[:m] = w
-    return np.ascontiguousarray(out.reshape(blocks, MR, k).transpose(0, 2, 1))
-
-
 @jit
-def _tile(rows, pa, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
+def _tile(rows, pa, lda, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
     """The micro-kernel for 1-4 output channels (one instance each: the row count is fixed in its code)."""
     if rows == 4:
-        _pw4(pa, k, pb, ldb, pc, ldc, w)
+        _pw4(pa, lda, k, pb, ldb, pc, ldc, w)
     elif rows == 3:
-        _pw3(pa, k, pb, ldb, pc, ldc, w)
+        _pw3(pa, lda, k, pb, ldb, pc, ldc, w)
     elif rows == 2:
-        _pw2(pa, k, pb, ldb, pc, ldc, w)
+        _pw2(pa, lda, k, pb, ldb, pc, ldc, w)
     else:
-        _pw1(pa, k, pb, ldb, pc, ldc, w)
+        _pw1(pa, lda, k, pb, ldb, pc, ldc, w)
 
 
 @jit
 def units_of(a, x, y, z, bias, found, op, fa, fb, lo, hi):  # pragma: no cover - compiled
     """Units lo..hi of ``found`` (rows i, p0, p1, m0, m1: image i's pixels p0..p1 and output channels m0..m1, m0 a
     multiple of MR): per block of W pixels, the tiles of its channels, then the epilogue on the block (bias,
-    residual z, activation ``op``). x (N, K, P) and y (N, M, P) C-contiguous; ``a`` `pack`'s weights."""
+    residual z, activation ``op``). x (N, K, P), y (N, M, P) and the weights ``a`` (M, K) C-contiguous."""
     k, p, m = x.shape[1], x.shape[2], y.shape[1]
     pa, px, py = np.int64(a.ctypes.data), np.int64(x.ctypes.data), np.int64(y.ctypes.data)
     yf = y.reshape(-1)
@@ -101,8 +93,8 @@ def units_of(a, x, y, z, bias, found, op, fa, fb, lo, hi):  # pragma: no cover -
         for n0 in range(p0, p1, W):
             w = min(W, p1 - n0)
             for r0 in range(m0, m1, MR):
-                _tile(min(MR, m1 - r0), pa + np.int64(r0 * k * 4), np.int64(k), xb + np.int64(n0 * 4), np.int64(p * 4),
-                      yb + np.int64((r0 * p + n0) * 4), np.int64(p * 4), np.int64(w))
+                _tile(min(MR, m1 - r0), pa + np.int64(r0 * k * 4), np.int64(k * 4), np.int64(k), xb + np.int64(n0 * 4),
+                      np.int64(p * 4), yb + np.int64((r0 * p + n0) * 4), np.int64(p * 4), np.int64(w))
             finish(yf, z, (i * m + m0) * p + n0, m1 - m0, w, p, bias, m0, op, fa, fb)
 
 
@@ -129,17 +121,27 @@ def plan(n: int, m: int, pixels: int, parts: int = PLAN_PARTS) -> np.ndarray:
                     np.int64).reshape(-1, 5)
 
 
+def _weight_shape(ctx: Any) -> tuple[int, ...] | None:
+    """The weight's shape: a constant's, or a float32 weight's given with each run (its static type), else None."""
+    w = ctx.constants[1] if len(ctx.constants) > 1 else None
+    if w is not None:
+        return tuple(w.shape) if w.dtype == F32 else None
+    t = ctx.input_types[1] if len(ctx.input_types) > 1 else None
+    return tuple(t.shape) if t is not None and t.dtype == F32 and t.shape is not None and t.is_static else None
+
+
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     """A 2-D float32 1x1 conv at stride 1, dilation 1, no pads, group 1, of at most MAX_CHANNELS input channels,
-    with constant float32 weights (and bias), where the micro-kernel can be built (`available`)."""
-    w = ctx.constants[1] if len(ctx.constants) > 1 else None
-    if not is_float32(ctx, 0, rank=4) or w is None or w.ndim != 4 or w.dtype != F32 or w.shape[2:] != (1, 1):
+    with float32 weights constant or of a static shape given with each run (a DequantConv's), a constant bias or
+    none, where the micro-kernel can be built (`available`)."""
+    shape = _weight_shape(ctx)
+    if not is_float32(ctx, 0, rank=4) or shape is None or len(shape) != 4 or shape[2:] != (1, 1):
         return False
-    if int(attrs.get("group", 1)) != 1 or ctx.input_types[0].shape[1] != w.shape[1] or w.shape[1] > MAX_CHANNELS:
+    if int(attrs.get("group", 1)) != 1 or ctx.input_types[0].shape[1] != shape[1] or shape[1] > MAX_CHANNELS:
         return False
     if set(attrs.get("strides") or [1]) != {1} or set(attrs.get("dilations") or [1]) != {1}:
         return False
-    if any(int(v) != 0 for v in attrs.get("pads") or [0]) or w.shape[0] == 0 or w.shape[1] == 0:
+    if any(int(v) != 0 for v in attrs.get("pads") or [0]) or shape[0] == 0 or shape[1] == 0:
         return False
     b = ctx.constants[2] if len(ctx.constants) > 2 else None
     if len(ctx.input_types) > 2 and ctx.input_types[2] is not None and b is None:
@@ -152,15 +154,17 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22, 1x1 at stride 1 only (see `applies`): the IR micro-kernel, the epilogue per pixel block."""
     w, b = ctx.constants[1], ctx.constants[2] if len(ctx.constants) > 2 else None
-    m = w.shape[0]
-    a = readonly(pack(w.reshape(m, -1)))  # a copy (packed=(1, 2)): the engine frees the initializers
+    m, k = _weight_shape(ctx)[:2]
+    # a copy (packed=(1, 2)): the engine frees the initializers; a weight given with each run: None
+    held = None if w is None else readonly(np.ascontiguousarray(w.reshape(m, k)).copy())
     bias = readonly(np.asarray(b, np.float32).copy()) if b is not None else NOTHING
     _ensure_kernels()
-    _warm(a, m, bias)
+    _warm(np.zeros((m, k), np.float32) if held is None else held, bias)
     plans: dict[tuple[int, ...], np.ndarray] = {}
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
-        n, k, h, wd = x.shape
+        a = held if held is not None else readonly(np.ascontiguousarray(w, np.float32).reshape(m, k))
+        n, _, h, wd = x.shape
         shape = (n, m, h, wd)
         y = out if out is not None else np.empty(shape, np.float32)
         if y.size == 0:
@@ -190,10 +194,11 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     return spmd(run)
 
 
-def _warm(a: np.ndarray, m: int, bias: np.ndarray) -> None:
+def _warm(a: np.ndarray, bias: np.ndarray) -> None:
     """Compile (or load from the cache) at build, with a run's argument types, not in the first run, whose timing
     of the candidates it would skew."""
-    k = a.shape[1]
+    m, k = a.shape
+    a = readonly(a)
     x = readonly(np.zeros((1, k, 1), np.float32))
     y = np.zeros((1, m, 1), np.float32)
     found = plan(1, m, 1, 1)
@@ -212,23 +217,23 @@ def _ensure_kernels() -> None:
 
 
 def _intrinsic(rows: int) -> Any:
-    """``_pw<rows>(pa, k, pb, ldb, pc, ldc, w)`` (all int64): Y's (rows, w <= 64) tile at pc (rows ldc bytes apart)
-    = the packed weights at pa (K groups of MR floats) @ X's (K, w) panel at pb (rows ldb bytes apart)."""
+    """``_pw<rows>(pa, lda, k, pb, ldb, pc, ldc, w)`` (all int64): Y's (rows, w <= 64) tile at pc (rows ldc bytes
+    apart) = the weights' (rows, K) at pa (rows lda bytes apart) @ X's (K, w) panel at pb (rows ldb bytes apart)."""
     from numba import types
     from numba.extending import intrinsic
 
-    def typer(typingctx: Any, pa: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> Any:
+    def typer(typingctx: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, values: Any) -> Any:
             _tile_ir(rows, builder, *values)
             return context.get_dummy_value()
 
-        return types.void(*[types.int64] * 7), codegen
+        return types.void(*[types.int64] * 8), codegen
 
     typer.__name__ = f"_pw{rows}"
     return intrinsic(typer)
 
 
-def _tile_ir(rows: int, builder: Any, pa: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> None:
+def _tile_ir(rows: int, builder: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> None:
     """The tile's IR: acc[r][j] = 0; for each of the K channels, X's four vectors of the panel (masked past w) and
     rows broadcasts of the weights, rows * 4 fused multiply-adds; then the accumulators stored (masked)."""
     from llvmlite import ir
@@ -258,7 +263,7 @@ def _tile_ir(rows: int, builder: Any, pa: Any, k: Any, pb: Any, ldb: Any, pc: An
           for j in range(NV)]
     summed = []
     for r in range(rows):
-        weight = builder.load(_at(builder, pa, builder.mul(builder.add(builder.mul(c, i64(MR)), i64(r)), i64(4)), f32),
+        weight = builder.load(_at(builder, pa, builder.add(builder.mul(i64(r), lda), builder.mul(c, i64(4))), f32),
                               align=4)
         spread = _splat(builder, weight, 16)
         summed += [builder.call(fma, [spread, xs[j], acc[r * NV + j]]) for j in range(NV)]
