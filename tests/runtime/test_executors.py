@@ -280,10 +280,11 @@ def test_a_long_run_never_tries_one_thread(monkeypatch, tmp_path):
     assert list(session.executor.teams.values()) == [procs.THREADS]
 
 
-@pytest.mark.parametrize("first", ["threads", "serial"])
+@pytest.mark.parametrize("first", ["threads", "serial", "serial-long"])
 def test_a_new_shape_takes_the_mode_an_earlier_shape_chose(monkeypatch, tmp_path, first):
-    """A session's later input shapes take the mode its first shape chose untimed (as kernels' choices do), unless
-    that was one thread alone, which a larger shape may lose by far: then the new shape times its modes."""
+    """A session's later input shapes take the mode its first shape chose untimed (as kernels' choices do); one
+    thread alone only while one run of the new shape that way takes under SERIAL_RUN (a larger shape may lose by
+    far on one thread): else the new shape times its modes."""
     from minfer_core import tuning
     from minfer_parallel import executors
 
@@ -295,15 +296,21 @@ def test_a_new_shape_takes_the_mode_an_earlier_shape_chose(monkeypatch, tmp_path
     session = InferenceSession(make_model(nodes, [tensor("x", ["n", 3])], [tensor("y", ["n", 3])]), threads=2)
     session.run(None, {"x": X})
     (sig,) = session.executor.teams
-    session.executor.teams[sig] = first  # ...or, for this case, on one thread alone
-    monkeypatch.setattr(executors, "SERIAL_RUN", 1.0)
+    session.executor.teams[sig] = first  # ...or, for these cases, on one thread alone
+    if first == "serial-long":
+        session.executor.teams[sig] = "serial"
+        monkeypatch.setattr(executors, "SERIAL_RUN", 0.0)  # the new shape's run on one thread is "too long"
+    else:
+        monkeypatch.setattr(executors, "SERIAL_RUN", 1.0)
     modes = _count_mode_runs(monkeypatch)
     np.testing.assert_array_equal(session.run(None, {"x": -np.ones((5, 3), np.float32)})[0], np.zeros((5, 3)))
     second = list(session.executor.teams.values())[1]
     if first == "threads":
         assert modes == [None] and second == "threads"
+    elif first == "serial":  # one serial run to see it is short, then serial untimed
+        assert modes == [None, "serial"] and second == "serial"
     else:
-        assert "serial" in modes and "threads" in modes  # timed both ways
+        assert modes[:2] == [None, "serial"] and "threads" in modes[2:] and second == "threads"  # timed
 
 
 def test_a_shape_settled_on_one_thread_runs_without_the_pool(monkeypatch):

@@ -121,7 +121,8 @@ class ThreadsExecutor(SequentialExecutor):
     def _choose_mode(self, fed: list[Any], sig: Signature, want: int | None, pool: ThreadPool, claimed: bool) -> str:
         """How this shape's runs use the threads, chosen in its first run, right after the run that planned it, by
         timing runs of the plan each way (`minfer_core.choose`: stored with the kernels' choices, so a later
-        process times nothing; a later shape takes this one's choice untimed): "team" (kernels may claim the
+        process times nothing; a later shape takes the last one's choice untimed, serial only when one run of it
+        takes under `SERIAL_RUN`, else that shape times them): "team" (kernels may claim the
         threads for a compiled team of their own, other kernels' parallel_for then runs serially: MobileNetV2 at
         batch 1 3.9 ms against 5.4; offered when this run claimed), "threads" (the pool splits kernels, none
         claims), "serial" (one thread, no pool; offered while another mode's best run is under `SERIAL_RUN`: on a
@@ -149,7 +150,11 @@ class ThreadsExecutor(SequentialExecutor):
             best[mode] = min(took, best.get(mode, took))
             return took
 
-        prior = next((m for m in reversed(self.teams.values()) if m != procs.SERIAL), None)
+        prior = next(reversed(self.teams.values()), None)  # the last shape's mode: this one's, untimed
+        if prior == procs.SERIAL and procs.SERIAL in modes:  # unless this shape runs too long for one thread
+            start = time.perf_counter()
+            self._run_in(list(fed), sig, (), False, want, pool, procs.SERIAL)
+            prior = prior if time.perf_counter() - start < SERIAL_RUN else None
         return modes[choose_timed(f"executor-mode|{self.digest}|{_shapes(sig)}|threads={want}", modes, trial, prior)]
 
     def run_bound(self, sig: Signature, vals: list[Any], steps: list[Any], observers: Sequence[Any]) -> None:
