@@ -129,6 +129,24 @@ def assert_epilogue_once(run: Any, x: np.ndarray, want: np.ndarray, threads: int
     np.testing.assert_allclose(-y, want, rtol=1e-5, atol=1e-5)
 
 
+def team_and_split_runs(monkeypatch: Any, module: Any, run: Any, x: np.ndarray, shape: tuple[int, ...],
+                        epilogue: Any) -> tuple[np.ndarray, np.ndarray]:
+    """A compiled conv's output on two threads through its native team's driver (``module.team_units``, which must
+    run), then with the team refused (its parallel_for path): (team's, split's), each into a NaN-filled buffer."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import team
+
+    calls: list[int] = []
+    real = module.team_units
+    monkeypatch.setattr(module, "team_units", lambda *args: calls.append(1) or real(*args))
+    with using_threads(2):
+        got = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        assert calls, "the team driver never ran"
+        monkeypatch.setattr(team, "size", lambda: 1)
+        want = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+    return got, want
+
+
 def spy_parallel_for(monkeypatch: Any, module: Any) -> list[int]:
     """Record the range count of every `parallel_for` call ``module`` makes (the calls still run)."""
     calls: list[int] = []

@@ -16,7 +16,7 @@ from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import activation, pointwise, team  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from modelkit import assert_epilogue_once, conv_context, fused_epilogue, onnx_conv  # noqa: E402
+from modelkit import assert_epilogue_once, conv_context, fused_epilogue, onnx_conv, team_and_split_runs  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("numba_plugin"),  # tests/plugins/conftest.py
               pytest.mark.skipif(not pointwise.available(), reason="the micro-kernel needs AVX-512F and LLVM >= 17")]
@@ -95,14 +95,7 @@ def test_team_path_gives_the_parallel_for_bits_with_the_epilogue(monkeypatch, xs
     z = np.random.default_rng(3).standard_normal(shape, dtype=np.float32) if residual else None
     act = _act(name, shape)
     epilogue = fused_epilogue(name, (), z, act)
-    calls: list[int] = []
-    real = pointwise.team_units
-    monkeypatch.setattr(pointwise, "team_units", lambda *args: calls.append(1) or real(*args))
-    with using_threads(2):
-        got = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
-        assert calls, "the team driver never ran"
-        monkeypatch.setattr(team, "size", lambda: 1)
-        want = run(x, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+    got, want = team_and_split_runs(monkeypatch, pointwise, run, x, shape, epilogue)
     np.testing.assert_array_equal(got, want)
     ref = onnx_conv(x, w, b, {}) + (0 if z is None else z)
     np.testing.assert_allclose(got, act(ref), rtol=1e-5, atol=1e-5)
