@@ -1,4 +1,4 @@
-"""Conv 1x1 at stride 1 (group 1, float32, constant weights): an AVX-512 micro-kernel in LLVM IR, no BLAS call.
+"""Conv 1x1 at stride 1 (group 1, float32): an AVX-512 micro-kernel in LLVM IR, no BLAS call.
 
 A pointwise conv is a GEMM on its input as it lies: Y[M, P] = W[M, K] @ X[K, P] per image (P pixels, each of X's
 K rows contiguous). In MobileNets most of them have few input channels (K = 16-64) and many pixels, a shape for
@@ -8,11 +8,10 @@ four loads of X's row, four broadcast weights, 16 fused multiply-adds), straight
 at the map's end: nothing read past it) into Y, the weights read as they lie (four rows' streams: as fast as a
 packed copy here), so a weight given with each run (minfer-passes' DequantConv dequantizes its 8-bit weight
 into scratch so) needs no packing either. numba's own loops neither keep such accumulators in registers nor
-issue the fused multiply-adds, so
-the micro-kernel is IR (numba intrinsics, built here: numba's cache of this file's compiled functions is
-invalidated by changes to this file only, so the IR helpers are not shared with igemm.py's). Each block of 64
-pixels then gets the fused op's epilogue over all its output channels while they are in cache (`team.finish`:
-bias, residual, activation).
+issue the fused multiply-adds, so the micro-kernel is IR (numba intrinsics, built here: numba's cache of this
+file's compiled functions is invalidated by changes to this file only, so the IR helpers are not shared with
+igemm.py's). Each block of 64 pixels then gets the fused op's epilogue over all its output channels while they
+are in cache (`team.finish`: bias, residual, activation).
 
 Measured on MobileNetV2's pointwise shapes (M x K x P, in-process, against numpy's matmul with OpenBLAS's
 threads set alike): 16x32x12544 124 us against 182 on one thread, 64 against 99 on two; 96x16x12544 423/488
