@@ -91,12 +91,11 @@ def _on_team(address, a, w, ldw, yf, n, c, z, blocks, parts, op, p, q):  # pragm
 @jit
 def products_of(address, a, b, y, m, k, n, lo, hi):  # pragma: no cover - compiled
     """Matrices lo..hi of a batched product, y[h] = a[h] @ b[h], one BLAS call each (`team.gemm`). ``a``, ``b``:
-    (base address, batch stride, leading dimension, transposed) in bytes and elements; y (batch, m, n)
-    C-contiguous."""
+    (base address and batch stride in bytes, leading dimension in elements: negative for a B read transposed,
+    as `team.gemm` takes it); y (batch, m, n) C-contiguous."""
     py = np.int64(y.ctypes.data)
     for h in range(lo, hi):
-        ldb = -b[2] if b[3] else b[2]
-        gemm(address, m, n, k, a[0] + np.int64(h) * a[1], a[2], b[0] + np.int64(h) * b[1], ldb,
+        gemm(address, m, n, k, a[0] + np.int64(h) * a[1], a[2], b[0] + np.int64(h) * b[1], b[2],
              py + np.int64(h * m * n * 4), n, np.float32(0))
 
 
@@ -301,14 +300,15 @@ def _applies_batched(ctx: Any, attrs: dict[str, Any]) -> bool:
 
 
 def _operand(x3: np.ndarray, rows: bool) -> np.ndarray | None:
-    """(address, batch stride in bytes, leading dimension in elements, transposed) of the (batch, r, c) ``x3`` as
-    cblas reads its matrices (one of its two axes unit-stride), int64 for `products_of`; None when neither axis
-    is (the caller keeps x3 alive while the address is used). ``rows``: an A (never passed transposed)."""
+    """(address, batch stride in bytes, leading dimension in elements: negative when read transposed) of the
+    (batch, r, c) ``x3`` as cblas reads its matrices (one of its two axes unit-stride), int64 for `products_of`;
+    None when neither axis is (the caller keeps x3 alive while the address is used). ``rows``: an A (never passed
+    transposed)."""
     _, s1, s2 = x3.strides
     if s2 == 4 and s1 % 4 == 0 and s1 >= 4 * x3.shape[2]:
-        return np.array([x3.ctypes.data, x3.strides[0], s1 // 4, 0], np.int64)
+        return np.array([x3.ctypes.data, x3.strides[0], s1 // 4], np.int64)
     if not rows and s1 == 4 and s2 % 4 == 0 and s2 >= 4 * x3.shape[1]:
-        return np.array([x3.ctypes.data, x3.strides[0], s2 // 4, 1], np.int64)
+        return np.array([x3.ctypes.data, x3.strides[0], -(s2 // 4)], np.int64)
     return None
 
 
@@ -328,7 +328,7 @@ def batched_matmul(ctx):
         ops_a = None if a3 is None else _operand(a3, True)
         ops_b = None if b3 is None else _operand(b3, False)
         if ops_a is None or ops_b is None:  # not what applies saw, or strides cblas cannot read: numpy's
-            return _whole(lambda: np.matmul(a, b, out=out) if out is not None else np.matmul(a, b), out)
+            return _whole(lambda: np.matmul(a, b, out=out), out)
         y = out if out is not None else np.empty(batch + (m, n), np.float32)
         if y.size == 0:
             return y

@@ -174,16 +174,15 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         fused = team.native(epilogue) if epilogue is not None else team.PLAIN
         after = fused is None or not team.fits(fused[3], shape)  # no compiled form: the epilogue once, after
         op, fa, fb, z = team.PLAIN if after else fused
-        args = (a, readonly(np.ascontiguousarray(x)).reshape(n, k, -1), y.reshape(n, m, -1), bias,
-                found, op, fa, fb)
-        zf = NOTHING if z is None else readonly(z.reshape(-1))
+        args = (a, readonly(np.ascontiguousarray(x)).reshape(n, k, -1), y.reshape(n, m, -1),
+                NOTHING if z is None else readonly(z.reshape(-1)), bias, found, op, fa, fb)
         threads = team.size() if len(found) > 1 else 1
         if threads > 1:
-            team_units(args[0], args[1], args[2], zf, *args[3:], min(threads, len(found)))
+            team_units(*args, min(threads, len(found)))
         else:
 
             def span(lo: int, hi: int) -> None:
-                units_of(args[0], args[1], args[2], zf, *args[3:], lo, hi)
+                units_of(*args, lo, hi)
 
             parallel_for(len(found), span, outputs_only=True)  # a unit writes only its block of y
         if after and epilogue is not None:  # one range: under a process team one rank applies it (spmd's promise)

@@ -122,11 +122,11 @@ class ThreadsExecutor(SequentialExecutor):
         """How this shape's runs use the threads, chosen in its first run, right after the run that planned it, by
         timing runs of the plan each way (`minfer_core.choose`: stored with the kernels' choices, so a later
         process times nothing; a later shape takes the last one's choice untimed, serial only when one run of it
-        takes under `SERIAL_RUN`, else that shape times them): "team" (kernels may claim the
-        threads for a compiled team of their own, other kernels' parallel_for then runs serially: MobileNetV2 at
-        batch 1 3.9 ms against 5.4; offered when this run claimed), "threads" (the pool splits kernels, none
-        claims), "serial" (one thread, no pool; offered while another mode's best run is under `SERIAL_RUN`: on a
-        small model the hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
+        takes under `SERIAL_RUN`, else that shape times them): "team" (kernels may claim the threads for a
+        compiled team of their own, other kernels' parallel_for then runs serially: MobileNetV2 at batch 1 3.9 ms
+        against 5.4; offered when this run claimed), "threads" (the pool splits kernels, none claims), "serial"
+        (one thread, no pool; offered while another mode's best run is under `SERIAL_RUN`: on a small model the
+        hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
         A trial runs its mode twice and times the second: right after another mode's run, that mode's threads
         still spin for a while and slow the first (a one-conv model's team runs timed 153 us so, 88 steadily).
         Each mode is timed in both of choose's rounds, its best kept: timed once, one disturbed run chose the

@@ -190,11 +190,11 @@ class ModeChoice:
 
     TRIALS = 2
     GAIN = 1.0  # the team stays when its best run took less than this times the others' best
+    modes = (TEAM, THREADS)
 
-    def __init__(self, team: bool | None = None, modes: tuple[str, ...] = (TEAM, THREADS)) -> None:
-        self.modes = modes
+    def __init__(self, team: bool | None = None) -> None:
         self.mode = None if team is None else TEAM if team else THREADS
-        self._times: dict[str, list[float]] = {m: [] for m in modes}
+        self._times: dict[str, list[float]] = {m: [] for m in self.modes}
 
     @property
     def team(self) -> bool | None:
