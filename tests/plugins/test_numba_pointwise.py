@@ -62,6 +62,26 @@ def test_matches_the_reference_conv_with_the_same_bits_on_any_thread_count(xs, m
     np.testing.assert_array_equal(y, one)
 
 
+@pytest.mark.parametrize("xs, m, group", [((1, 136, 28, 28), 136, 4), ((2, 12, 5, 7), 18, 3), ((1, 12, 7, 7), 30, 3),
+                                           ((1, 544, 7, 7), 544, 4), ((1, 8, 3, 3), 8, 8)])
+def test_grouped_convs_match_the_reference_with_the_same_bits_on_any_thread_count(xs, m, group):
+    """A grouped 1x1 conv (ShuffleNet's four groups; three groups of 6 outputs, whose 4-row tiles end at each
+    group's end; three of 10, whose channel units on a 7x7 map, 16 channels each, cross groups; one channel a group) gives onnx's reference
+    Conv within float32 rounding, the same bits on one thread and two."""
+    rng = np.random.default_rng(sum(xs) + group)
+    x = rng.standard_normal(xs, dtype=np.float32)
+    w = (rng.standard_normal((m, xs[1] // group, 1, 1)) / np.sqrt(xs[1] // group)).astype(np.float32)
+    b = rng.standard_normal(m, dtype=np.float32)
+    ctx, attrs = conv_context(x, w, b), {"group": group}
+    assert pointwise.applies(ctx, attrs)
+    run = pointwise.conv.prepared(ctx, attrs)
+    with using_threads(1):
+        one = run(x, None, None)
+    np.testing.assert_allclose(one, onnx_conv(x, w, b, attrs), rtol=1e-5, atol=1e-5)
+    with using_threads(2):
+        np.testing.assert_array_equal(run(x, None, None), one)
+
+
 def test_nan_and_infinity_reach_only_their_own_outputs():
     """A NaN or an infinity in one pixel of x makes that pixel's outputs NaN or infinite, no other's (masked loads
     read nothing past the map; no value crosses pixels)."""
@@ -146,19 +166,21 @@ def test_a_weight_given_with_each_run_is_read_in_place(bias):
     assert not pointwise.applies(_live_weight_context(x, w, b, static=False), {})
 
 
-def test_applies_only_to_1x1_stride_1_unpadded_group_1_convs_with_constant_weights():
-    """It takes float32 1x1 convs at stride 1 and dilation 1 without pads, group 1, of at most MAX_CHANNELS input
-    channels, with constant weights (or a weight given with each run, above); it refuses every other conv, which
-    another Conv kernel takes."""
+def test_applies_only_to_1x1_stride_1_unpadded_convs_with_constant_weights():
+    """It takes float32 1x1 convs at stride 1 and dilation 1 without pads, grouped or not, of at most MAX_CHANNELS
+    input channels a group, with constant weights (or a weight given with each run, above); it refuses every other
+    conv, which another Conv kernel takes."""
     x, w, b = case((1, 32, 8, 8), 16)
     assert pointwise.applies(conv_context(x, w, b), {})
     assert pointwise.applies(conv_context(x, w, None), {"pads": [0, 0, 0, 0], "strides": [1, 1]})
+    assert pointwise.applies(conv_context(x, w[:, :16], b), {"group": 2})
     wide = case((1, pointwise.MAX_CHANNELS + 1, 2, 2), 4)
     refused = [
         (conv_context(x, w, b), {"strides": [2, 2]}),
         (conv_context(x, w, b), {"dilations": [2, 2]}),
         (conv_context(x, w, b), {"pads": [1, 1, 1, 1]}),
-        (conv_context(x, w[:, :16], b), {"group": 2}),
+        (conv_context(x, w[:, :16], b), {"group": 3}),  # 32 input channels are not 3 groups of 16
+        (conv_context(x, w[:15, :16], b[:15]), {"group": 2}),  # 15 outputs are not 2 groups
         (conv_context(x, np.repeat(np.repeat(w, 3, axis=2), 3, axis=3), b), {}),  # 3x3
         (conv_context(*wide), {}),
         (conv_context(x, w, b, constant=False), {}),  # a bias given with each run
