@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 from bench.benchmark import PAUSE, WARMUP
 from bench.models import ORT_IR_VERSION, build, random_feeds
@@ -43,6 +44,16 @@ def compare(name: str, batch: int, rounds: int, repeat: int) -> dict[str, object
                 session.run(None, feeds)
         finally:
             executors.SERIAL_RUN = shipped
+    times = alternate(sessions, feeds, rounds, repeat)
+    row: dict[str, object] = {"model": name, "batch": batch}
+    for label, session in sessions.items():
+        row[label] = round(statistics.median(times[label]), 3)
+        row[f"{label} mode"] = list(session.executor.teams.values())
+    return row
+
+
+def alternate(sessions: dict[str, Any], feeds: dict[str, Any], rounds: int, repeat: int) -> dict[str, list[float]]:
+    """Each session's run times (ms): ``rounds`` blocks of ``repeat`` runs a session, in turn, each after a pause."""
     times: dict[str, list[float]] = {label: [] for label in sessions}
     for _ in range(rounds):
         for label, session in sessions.items():
@@ -51,11 +62,7 @@ def compare(name: str, batch: int, rounds: int, repeat: int) -> dict[str, object
                 t0 = time.perf_counter()
                 session.run(None, feeds)
                 times[label].append((time.perf_counter() - t0) * 1e3)
-    row: dict[str, object] = {"model": name, "batch": batch}
-    for label, session in sessions.items():
-        row[label] = round(statistics.median(times[label]), 3)
-        row[f"{label} mode"] = list(session.executor.teams.values())
-    return row
+    return times
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -66,8 +66,8 @@ def test_matches_the_reference_conv_with_the_same_bits_on_any_thread_count(xs, m
                                            ((1, 544, 7, 7), 544, 4), ((1, 8, 3, 3), 8, 8)])
 def test_grouped_convs_match_the_reference_with_the_same_bits_on_any_thread_count(xs, m, group):
     """A grouped 1x1 conv (ShuffleNet's four groups; three groups of 6 outputs, whose 4-row tiles end at each
-    group's end; three of 10, whose channel units on a 7x7 map, 16 channels each, cross groups; one channel a group) gives onnx's reference
-    Conv within float32 rounding, the same bits on one thread and two."""
+    group's end; three of 10, whose channel units on a 7x7 map cross groups where two or more CPUs cut them; one
+    channel a group) gives onnx's reference Conv within float32 rounding, the same bits on one thread and two."""
     rng = np.random.default_rng(sum(xs) + group)
     x = rng.standard_normal(xs, dtype=np.float32)
     w = (rng.standard_normal((m, xs[1] // group, 1, 1)) / np.sqrt(xs[1] // group)).astype(np.float32)
