@@ -239,16 +239,21 @@ def test_blocks_match_onnxruntime_in_a_session_that_takes_them(monkeypatch, shap
 @pytest.mark.parametrize("shape, k, s, pads, d", [(*c, (1, 1)) for c in GRID[1:4] + GRID[10:]] + ODD)
 def test_blocks_give_onnxruntimes_bits(shape, k, s, pads, d):
     """onnxruntime's bits (its MLAS Conv, every graph optimization off), bias included."""
-    ort = pytest.importorskip("onnxruntime")
     (x, w, b), consts, attrs = case(shape, k, s, pads, d, seed=12)
+    want = mlas_conv(x, w, b, attrs)
+    np.testing.assert_array_equal(prepared(depthwise_blocked.conv_blocked, [x, w, b], consts, attrs)(x, w, b), want)
+
+
+def mlas_conv(x, w, b, attrs):
+    """onnxruntime's output for the Conv (its MLAS Conv: every graph optimization off, so no NCHWc kernel)."""
+    ort = pytest.importorskip("onnxruntime")
     node = helper.make_node("Conv", ["x", "w", "b"], ["y"], **attrs)
-    model = make_model([node], [tensor("x", list(shape))], [tensor("y", None)],
+    model = make_model([node], [tensor("x", list(x.shape))], [tensor("y", None)],
                        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")], opset=13)
     opts = ort.SessionOptions()
     opts.graph_optimization_level, opts.log_severity_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL, 3
     session = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    want = session.run(None, {"x": x})[0]
-    np.testing.assert_array_equal(prepared(depthwise_blocked.conv_blocked, [x, w, b], consts, attrs)(x, w, b), want)
+    return session.run(None, {"x": x})[0]
 
 
 def test_blocks_are_a_timed_candidate_under_their_own_name():

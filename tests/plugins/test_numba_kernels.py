@@ -127,8 +127,9 @@ def test_depthwise_node_has_three_candidates_for_the_core_to_time():
     ctx, attrs = context("Conv", [x, w], [None, w]), {"group": 8, "kernel_shape": [3, 3]}
     found = get_registry().kernel_candidates("", "Conv", 22, "numpy", ctx, attrs)
     assert [k.fn for k in found[:2]] == [depthwise.conv.fn, depthwise.conv_rows.fn]
-    # and channels.py's and depthwise_blocked.py's below them: tests/plugins/test_depthwise_channels.py
-    assert found[-1].plugin != NUMBA and len(found) == 5
+    # and channels.py's, depthwise_blocked.py's and the vector rows below them (test_depthwise_channels.py,
+    # test_numba_vector_rows.py)
+    assert found[-1].plugin != NUMBA and len(found) == 6
     # the core stores the winner by module and qualified name: the two must not share one
     assert depthwise.conv.fn.__qualname__ != depthwise.conv_rows.fn.__qualname__
 

@@ -6,6 +6,9 @@ so only interleaved runs in one process compare. Also prints the first-call
 compile (or cache-load) time of each kernel. Run from the checkout:
 
     .venv/bin/python plugins/minfer_ops_numba/bench/kernels.py [--threads 1 2] [--runs 21]
+
+``--depthwise`` instead times every depthwise candidate the core chooses among (depthwise.py's phase planes,
+row loops and vector rows, channels.py's, depthwise_blocked.py's), interleaved, on the depthwise cases.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import numpy as np
 
 from minfer_core import KernelContext, TensorType, get_registry
 from minfer_core.parallel import using_threads
-from minfer_ops_numba import activation, depthwise, pool, resize
+from minfer_ops_numba import activation, channels, depthwise, depthwise_blocked, pool, resize
+
+DEPTHWISE = {"phase": depthwise.conv, "rows": depthwise.conv_rows, "channels": channels.conv_channels,
+             "blocked": depthwise_blocked.conv_blocked, "vector": depthwise.conv_vector}
 
 
 def _ctx(op, inputs, consts):
@@ -68,11 +74,33 @@ def median_us(times):
     return statistics.median(times) * 1e6
 
 
+def depthwise_candidates(threads: list[int], runs: int) -> None:
+    """Each depthwise candidate's median (us) per depthwise case and thread count, interleaved run by run."""
+    print(f"{'case':34} {'thr':>3} " + " ".join(f"{name:>9}" for name in DEPTHWISE))
+    for label, _, op, inputs, consts, attrs in cases(np.random.default_rng(0)):
+        if not label.startswith("dwconv"):
+            continue
+        ctx = _ctx(op, inputs, consts)
+        fns = {name: kern.prepared(ctx, attrs) for name, kern in DEPTHWISE.items() if kern.applies(ctx, attrs)}
+        for count in threads:
+            with using_threads(count):
+                outs = {name: fn(*inputs) for name, fn in fns.items()}  # first calls: per-shape planning
+                times: dict[str, list[float]] = {name: [] for name in fns}
+                for _ in range(runs):
+                    for name, fn in fns.items():
+                        t = time.perf_counter(); fn(*inputs, out=outs[name]); times[name].append(time.perf_counter() - t)  # noqa: E501, E702
+            cells = [f"{median_us(times[name]):9.1f}" if name in fns else f"{'-':>9}" for name in DEPTHWISE]
+            print(f"{label:34} {count:>3} " + " ".join(cells))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--runs", type=int, default=21)
+    ap.add_argument("--depthwise", action="store_true", help="time the depthwise candidates against each other")
     args = ap.parse_args()
+    if args.depthwise:
+        return depthwise_candidates(args.threads, args.runs)
     rng = np.random.default_rng(0)
     print(f"{'case':34} {'thr':>3} {'numba us':>9} {'numpy us':>9} {'speedup':>7}  prepare s (compile/load)")
     for label, kern, op, inputs, consts, attrs in cases(rng):

@@ -33,6 +33,7 @@ from ._jit import F32, PRIORITY, is_float32, jit, readonly
 from .loops import weighted_rows, wide_rows
 from .phases import phase_rows
 from .team import NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
+from .vector_rows import fits, install, vector_rows
 from .window import Window, window
 
 Epilogue = Callable[[np.ndarray, tuple], None]
@@ -46,8 +47,8 @@ MIN_SPLIT_MACS = 2_000_000
 # the same over a native team (team.py), whose hand-over costs about a microsecond: below this a split lost to
 # one thread on MobileNetV2's layers (bench/results/session12/team-depthwise.txt)
 MIN_TEAM_MACS = 150_000
-# the loop `drive` runs (its ``kind``): `_phase`'s and `_rows`' picks
-PHASE, WIDE, WEIGHTED = 0, 1, 2
+# the loop `drive` runs (its ``kind``): `_phase`'s, `_rows`' and `_vector`'s picks
+PHASE, WIDE, WEIGHTED, VECTOR = 0, 1, 2, 3
 
 
 def units(n: int, c: int, plane_bytes: int, macs: int, threads: int,
@@ -104,9 +105,10 @@ def path(epilogue: Any, y: np.ndarray) -> tuple[int, tuple[np.ndarray, int, np.f
 
 @jit
 def units_of(kind, x, w, bias, y, table, lo, hi, sh, sw, ph, pw, dh, dw, z, op, a, b):  # pragma: no cover - compiled
-    """Units lo..hi of ``table`` (rows image, c0, c1): each unit's loop (``kind``: `PHASE`, `WIDE`, `WEIGHTED`) on
-    x (N, C, H, W) into y (N, C, OH, OW), then its epilogue by `team.finish` (z: the residual flat, or none; the
-    activation ``op``) while it is in L2. The bias stays in the loops' sums, added last as onnxruntime adds it."""
+    """Units lo..hi of ``table`` (rows image, c0, c1): each unit's loop (``kind``: `PHASE`, `WIDE`, `WEIGHTED`,
+    `VECTOR`) on x (N, C, H, W) into y (N, C, OH, OW), then its epilogue by `team.finish` (z: the residual flat,
+    or none; the activation ``op``) while it is in L2. The bias stays in the loops' sums, added last as
+    onnxruntime adds it."""
     c, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
     for u in range(lo, hi):
@@ -115,6 +117,8 @@ def units_of(kind, x, w, bias, y, table, lo, hi, sh, sw, ph, pw, dh, dw, z, op, 
             phase_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
         elif kind == WIDE:
             wide_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
+        elif kind == VECTOR:
+            vector_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
         else:
             weighted_rows(x[i], w, bias, y[i], c0, c1, sh, sw, ph, pw, dh, dw)
         finish(flat, z, (i * c + c0) * cells, 1, (c1 - c0) * cells, 0, NOTHING, 0, op, a, b)
@@ -140,6 +144,14 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
             and min(attrs.get("pads") or [0]) >= 0 and min(attrs.get("strides") or [1]) >= 1)
 
 
+def applies_vector(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """`applies`, for a geometry vector_rows.py's loop computes (`fits`: 3x3 or 5x5, stride 1 or 2, dilation 1)."""
+    if not applies(ctx, attrs):
+        return False
+    kernel = tuple(attrs.get("kernel_shape") or ctx.constants[1].shape[2:])
+    return fits(kernel, tuple(attrs.get("strides") or (1, 1)), tuple(attrs.get("dilations") or (1, 1)))
+
+
 def _factory(name: str, pick: Callable[[tuple[int, ...]], Any], doc: str) -> Callable[..., Any]:
     """The preparing kernel running the loop of kind ``pick(strides)`` (`_loop`), named
     ``name``: the core stores a timed choice under the kernel's module and qualified name."""
@@ -159,9 +171,14 @@ def _rows(strides: tuple[int, ...]) -> int:
     return WIDE if strides == (1, 1) else WEIGHTED
 
 
+def _vector(strides: tuple[int, ...]) -> int:
+    return VECTOR
+
+
 def _loop(kind: int) -> Any:
     """The loop of ``kind`` (each one's docstring in loops.py and phases.py), looked up when a node is prepared."""
-    return phase_rows if kind == PHASE else wide_rows if kind == WIDE else weighted_rows
+    return phase_rows if kind == PHASE else wide_rows if kind == WIDE else vector_rows if kind == VECTOR else \
+        weighted_rows
 
 
 # Two kernels for one node, which the core times on the node's real input (and numpy's with them): the phase
@@ -173,6 +190,13 @@ conv = kernel("Conv", since=1, priority=PRIORITY, **_DECLARED)(_factory(
     "conv", _phase, "Conv-1/11/22, depthwise only (see `applies`): phase planes, one loop per tap and plane."))
 conv_rows = kernel("Conv", since=1, priority=PRIORITY - 1, **_DECLARED)(_factory(
     "conv_rows", _rows, "Conv-1/11/22, depthwise only (see `applies`): row loops reading the input in place."))
+# a fifth candidate, below depthwise_blocked.py's (MINFER_TUNE=0 keeps taking the phase planes): on 112x112 and
+# 56x56 planes its in-place vector rows took 0.65-0.75 of the phase planes' time at stride 2 (no copy of the
+# input, whose split into phase planes was over half of theirs) and 0.75 at stride 1 on 112x112; on 56x56 and
+# smaller planes at stride 1, where most runs of 16 columns reach an edge (masked loads), the others win
+conv_vector = kernel("Conv", since=1, priority=PRIORITY - 4, **{**_DECLARED, "applies": applies_vector})(_factory(
+    "conv_vector", _vector, "Conv-1/11/22, depthwise 3x3 or 5x5 only (see `applies_vector`): vector_rows.py's "
+    "16-column vectors, reading the input in place."))
 
 
 def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], int], auto_pad: str, dilations: Any, kernel_shape: Any,
@@ -256,7 +280,9 @@ def _prepare(ctx: Any, pick: Callable[[tuple[int, ...]], int], auto_pad: str, di
 
 def _warm(kind: int, weights: np.ndarray, strides: tuple[int, ...], dilations: tuple[int, ...]) -> None:
     """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
-    of the kernels the core compares: the loop, and the team's driver where a native team may run."""
+    of the kernels the core compares: the loop, and the team's driver where a native team may run. `units_of`
+    compiles every kind's loop, vector_rows.py's intrinsic among them: it is made first."""
+    install()
     x = readonly(np.zeros((1, 1, 4, 4), np.float32))
     y, bias = np.zeros((1, 1, 2, 2), np.float32), readonly(np.zeros(1, np.float32))
     geo = (strides[0], strides[1], 0, 0, dilations[0], dilations[1])
