@@ -129,7 +129,7 @@ class ThreadsExecutor(SequentialExecutor):
         hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
         A trial runs its mode twice and times the second: right after another mode's run, that mode's threads
         still spin for a while and slow the first (a one-conv model's team runs timed 153 us so, 88 steadily).
-        Each mode is timed in both of choose's rounds, its best kept: timed once, one disturbed run chose the
+        Each mode is timed in each of choose's rounds, its best kept: timed once, one disturbed run chose the
         threads mode for a transformer block whose team mode ran 20% faster (the choice is stored); the second
         round costs MobileNetV2 b1 ~20 ms more of a ~170 ms first run.
         Timing here, not in later runs, keeps every later run of the shape as fast as its mode."""
