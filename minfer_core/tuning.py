@@ -113,15 +113,15 @@ def store() -> ChoiceStore:
         Path(folder or Path.home() / ".cache" / "minfer") / f"tuning-{fingerprint()}.jsonl"))
 
 
-def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], prior: str | None = None) -> int:
-    """The index of the fastest of ``names`` (the usual best first: another must beat it by `MARGIN`) for ``key``:
+def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], prior: str | None = None,
+           margin: float = MARGIN) -> int:
+    """The index of the fastest of ``names`` (the usual best first: another must beat it ``margin``-fold) for ``key``:
     as stored, else timed now with ``time_one(i)`` and stored (for later processes too unless another process's
     load disturbed the timing: `CALM`). ``time_one(i)`` runs candidate ``i`` once on the real inputs and returns
     its seconds (inf: it declines, unrun). Without timing (one candidate, ``MINFER_TUNE=0``, or a key first met in
     a later run of a shape, as when the thread count changes) it is 0, or ``prior``: the name an earlier input
     shape of the same node chose, which a new shape also takes untimed and unstored, unless ``MINFER_TUNE=all``.
-    Called while a `choose` times its candidates (`OUTER`), it is 0 as soon as names[0] lost clearly to them.
-    """
+    Called while a `choose` times its candidates (`OUTER`), it is 0 as soon as names[0] lost clearly to them."""
     if len(names) < 2 or not enabled():
         return 0
     chosen = store().data.get(full := f"{key}|{','.join(names)}")
@@ -140,7 +140,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
             if i == 0 and WARM <= outer < best[0] / CLEAR_LOSS:  # the enclosing timing's clear loser: unstored
                 return 0
     win = best.index(min(best))
-    win = 0 if best[0] <= MARGIN * best[win] else win  # names[0], the usual best, stays unless clearly beaten
+    win = 0 if best[0] <= margin * best[win] else win  # names[0], the usual best, stays unless clearly beaten
     store().put(full, names[win]) if calm else store().data.setdefault(full, names[win])  # disturbed: this process'
     return win
 

@@ -359,6 +359,16 @@ def test_another_candidate_must_beat_the_first_by_the_margin(cache):
     assert tuning.choose("op|clear", ["first", "second"], time_one) == 1
 
 
+def test_a_caller_may_ask_for_its_own_margin(cache):
+    """``margin=`` replaces MARGIN for one choice (the executor's modes, timed as whole runs, take a smaller one);
+    the stored winner is the one it picked."""
+    time_one, _ = fake_times([1.05, 1.0])
+    assert tuning.choose("op|tight", ["first", "second"], time_one, margin=1.04) == 1
+    assert tuning.store().data["op|tight|first,second"] == "second"
+    time_one, _ = fake_times([1.03, 1.0])
+    assert tuning.choose("op|within", ["first", "second"], time_one, margin=1.04) == 0
+
+
 def test_minfer_tune_times_every_size_and_leaves_the_environment(cache, tmp_path, monkeypatch):
     """`minfer tune` runs its sizes with MINFER_TUNE=all (each size timed, also those a node's earlier size would
     decide untimed: tests/runtime/test_new_shape_costs.py), and restores MINFER_TUNE when it is done."""

@@ -219,11 +219,11 @@ def _count_mode_runs(monkeypatch):
 
 
 def test_a_shapes_mode_is_timed_in_its_first_run_and_never_later(monkeypatch, tmp_path):
-    """The first run of a shape plans it, then times runs of the plan in each mode (two runs a trial: the first
-    settles the threads) and keeps one; every later run is one run in that mode. The choice is stored: a second
-    session of the model times nothing and takes it."""
+    """The first run of a shape plans it, then times runs of the plan in each mode (a trial's first run settles
+    the threads, the best of the next few counts) and keeps one; every later run is one run in that mode. The
+    choice is stored: a second session of the model times nothing and takes it."""
     from minfer_core import tuning
-    from minfer_parallel import procs
+    from minfer_parallel import executors, procs
 
     monkeypatch.setenv("MINFER_CACHE", str(tmp_path))
     monkeypatch.delenv("MINFER_TUNE", raising=False)
@@ -234,11 +234,13 @@ def test_a_shapes_mode_is_timed_in_its_first_run_and_never_later(monkeypatch, tm
     (sig,) = session.executor.teams
     chosen = session.executor.teams[sig]
     # the build's run on zeros planned the shape, then timed threads and serial (no kernel claims here) in
-    # choose's rounds, a trial two runs (a settling one, then the timed one); then the run above, in its mode
+    # choose's rounds, a trial a settling run and TRIAL_RUNS timed ones (a short run); then the run above, in its mode
+    runs = 1 + executors.TRIAL_RUNS
     trials = modes[1:-1]  # (later rounds may skip a clear loser: choose's CLEAR_LOSS)
     assert modes[0] is None and modes[-1] == chosen in (procs.THREADS, procs.SERIAL)
-    assert trials[:4] == [procs.THREADS] * 2 + [procs.SERIAL] * 2 and len(trials) in range(4, 4 * tuning.ROUNDS + 1, 2)
-    assert all(trials[i] == trials[i + 1] for i in range(0, len(trials), 2))
+    assert trials[:2 * runs] == [procs.THREADS] * runs + [procs.SERIAL] * runs
+    assert len(trials) in range(2 * runs, 2 * runs * tuning.ROUNDS + 1, runs)
+    assert all(trials[i:i + runs] == [trials[i]] * runs for i in range(0, len(trials), runs))
     for _ in range(3):
         del modes[:]
         np.testing.assert_array_equal(session.run(None, {"x": X})[0], -np.maximum(X, 0))

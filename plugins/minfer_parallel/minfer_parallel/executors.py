@@ -34,6 +34,13 @@ Signature = Any
 # runs shorter than this (seconds) also time one thread alone: a small model's splits may cost more in hand-overs
 # than they save, and a serial trial run costs at most this much more than a parallel one
 SERIAL_RUN = 0.002
+# how much faster another mode's best trial must be than the first mode's to replace it (minfer_core.choose's
+# ``margin``; kernels' choices keep its MARGIN, 1.1): whole runs, timed in three rounds, vary less than one kernel's
+# call. At 1.1 the YOLO-style detector kept the team (235-417 us a run, loaded host) over serial (218-347) in two
+# fresh processes of three; at 1.04 (with `TRIAL_RUNS`) in none of six (bench/results/session23/executor-modes.txt)
+MODE_MARGIN = 1.04
+# a trial's timed runs after its settling one, the best kept, while a run takes under SERIAL_RUN (else one)
+TRIAL_RUNS = 3
 
 
 class ThreadsExecutor(SequentialExecutor):
@@ -127,8 +134,9 @@ class ThreadsExecutor(SequentialExecutor):
         against 5.4; offered when this run claimed), "threads" (the pool splits kernels, none claims), "serial"
         (one thread, no pool; offered while another mode's best run is under `SERIAL_RUN`: on a small model the
         hand-overs cost more than the splits save, an orientation classifier 345 us against 449).
-        A trial runs its mode twice and times the second: right after another mode's run, that mode's threads
-        still spin for a while and slow the first (a one-conv model's team runs timed 153 us so, 88 steadily).
+        A trial runs its mode once untimed, then times a run (the best of `TRIAL_RUNS` while a run takes under
+        `SERIAL_RUN`): right after another mode's run, that mode's threads still spin for a while and slow the first
+        (a one-conv model's team runs timed 153 us so, 88 steadily).
         Each mode is timed in each of choose's rounds, its best kept: timed once, one disturbed run chose the
         threads mode for a transformer block whose team mode ran 20% faster (the choice is stored); the second
         round costs MobileNetV2 b1 ~20 ms more of a ~170 ms first run.
@@ -144,9 +152,13 @@ class ThreadsExecutor(SequentialExecutor):
             if mode == procs.SERIAL and min(best.values(), default=0.0) >= SERIAL_RUN:
                 return float("inf")  # a long run: one thread alone would lose more than the hand-overs cost
             self._run_in(list(fed), sig, (), False, want, pool, mode)  # not this run's values: a run frees slots
-            start = time.perf_counter()
-            self._run_in(list(fed), sig, (), False, want, pool, mode)
-            took = time.perf_counter() - start
+            took = float("inf")
+            for _ in range(TRIAL_RUNS):  # a short run's best of a few: one such run swings by 10-40% here
+                start = time.perf_counter()
+                self._run_in(list(fed), sig, (), False, want, pool, mode)
+                took = min(took, time.perf_counter() - start)
+                if took >= SERIAL_RUN:  # a long run: one timed run (no serial trial to compare with so closely)
+                    break
             best[mode] = min(took, best.get(mode, took))
             return took
 
@@ -155,7 +167,8 @@ class ThreadsExecutor(SequentialExecutor):
             start = time.perf_counter()
             self._run_in(list(fed), sig, (), False, want, pool, procs.SERIAL)
             prior = prior if time.perf_counter() - start < SERIAL_RUN else None
-        return modes[choose_timed(f"executor-mode|{self.digest}|{_shapes(sig)}|threads={want}", modes, trial, prior)]
+        key = f"executor-mode|{self.digest}|{_shapes(sig)}|threads={want}"
+        return modes[choose_timed(key, modes, trial, prior, margin=MODE_MARGIN)]
 
     def run_bound(self, sig: Signature, vals: list[Any], steps: list[Any], observers: Sequence[Any]) -> None:
         threads = intra_op_threads()
