@@ -285,6 +285,43 @@ def gemm_live(ctx, *, alpha=1.0, beta=1.0, transA=0, transB=0):  # noqa: N803 - 
     return _product(None, bool(transB), _c_vector(ctx, shape[0] if transB else shape[1], beta), shape)
 
 
+def _applies_pixel_conv(ctx: Any, attrs: dict[str, Any]) -> bool:
+    """A float32 Conv of a 1x1 kernel, group 1 and no pads on a 1x1 map (squeeze-excite's two, a head's): constant
+    float32 weights, a constant float32 bias or none, numpy's BLAS reachable. Any stride or dilation: one output."""
+    w = ctx.constants[1] if len(ctx.constants) > 1 else None
+    t, b = input_type(ctx), ctx.constants[2] if len(ctx.constants) > 2 else None
+    if w is None or w.dtype != F32 or w.ndim != 4 or w.shape[2:] != (1, 1) or not is_float32(ctx, 0, rank=4):
+        return False
+    if t.shape is None or tuple(t.shape[2:]) != (1, 1) or t.shape[1] != w.shape[1] or int(attrs.get("group", 1)) != 1:
+        return False
+    if any(int(v) for v in attrs.get("pads") or ()) or not team.gemm_address():
+        return False
+    absent = len(ctx.input_types) < 3 or ctx.input_types[2] is None
+    return absent or (b is not None and b.dtype == F32 and b.shape == (w.shape[0],))
+
+
+# above the conv kernels that also take such a node (smallconv.py's, pointwise.py's, numpy's): the core still times
+# them, but this one is the usual best (and MINFER_TUNE=0's)
+@kernel("Conv", since=1, priority=PRIORITY + 1, prepare=True, out=True, views=False, packed=(1, 2), epilogue=True,
+        applies=_applies_pixel_conv)
+def pixel_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
+    """Conv-1/11/22 of a 1x1 kernel on a 1x1 map (see `_applies_pixel_conv`): per image y = x @ W^T (+ b), Gemm's
+    blocks of W's rows over a native team with the epilogue in their write-out. The conv kernels took such a
+    layer as a conv (smallconv.py's, numpy's GEMM on one thread): 55-130 us a layer in MobileNetV3-large, 2-3x
+    onnxruntime's."""
+    w = ctx.constants[1]
+    b = ctx.constants[2] if len(ctx.constants) > 2 else None
+    m = w.shape[0]
+    product = _product(readonly(np.ascontiguousarray(w.reshape(m, -1))), True,
+                       NOTHING if b is None else readonly(np.ascontiguousarray(b, np.float32)))
+
+    def run(x, w_in=None, b_in=None, *, out=None, epilogue=None):
+        y = out if out is not None else np.empty((x.shape[0], m, 1, 1), np.float32)
+        return product(x, out=y, epilogue=epilogue)  # x's (N, K, 1, 1) is (N, K), y's (N, M, 1, 1) is (N, M)
+
+    return run
+
+
 def _applies_batched(ctx: Any, attrs: dict[str, Any]) -> bool:
     """A float32 MatMul of two run-time operands of one rank >= 3 and the same batch dims (attention's QK^T and
     its weights times V), K known, with numpy's BLAS reachable from compiled code; a constant B is `matmul`'s."""
