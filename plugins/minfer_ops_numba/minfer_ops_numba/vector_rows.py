@@ -98,8 +98,8 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
     xd, wd, yd = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4, 6))
     f32, i1, i32, i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
     vec, ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES), ir.VectorType(i1, LANES)
-    zero, lanes = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, list(range(LANES)))
-    first = ir.Constant(ir.VectorType(i32, LANES), [0] * LANES)
+    zero, lanes, first = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, list(range(LANES))), \
+        ir.Constant(ivec, [0] * LANES)
 
     def const(v):
         return ir.Constant(i64, v)
@@ -126,7 +126,7 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
 
     def inside(col):  # the lanes of a load from column col of a row that read the plane
         cols = builder.add(splat(builder.trunc(col, i32), ivec), lanes)
-        return builder.and_(builder.icmp_signed(">=", cols, ir.Constant(ivec, [0] * LANES)),
+        return builder.and_(builder.icmp_signed(">=", cols, first),
                             builder.icmp_signed("<", cols, width_v))
 
     def taps(rows, oks, col0, s, masked):  # the k * k input vectors in (ky, kx) order for the run from col0 * s
@@ -144,11 +144,9 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
                     return builder.load(pointer, align=4)
                 return builder.call(mload, [pointer, ir.Constant(i32, 4), masks[j], zero])
 
-            if masked:  # a row outside the plane: zeros, its pointer one inside it
-                loaded = [load(j) for j in range(len(cols))]
+            loaded = [load(j) for j in range(len(cols))]
+            if masked:  # a row outside the plane: zeros (its pointer is one inside it)
                 loaded = [builder.select(oks[ky], v, zero) for v in loaded]
-            else:
-                loaded = [load(j) for j in range(len(cols))]
             if s == 1:
                 out += loaded
                 continue
