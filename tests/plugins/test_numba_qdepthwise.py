@@ -255,20 +255,45 @@ def _row_map() -> tuple[int, int]:
     return side + 1, side + 2
 
 
+def _row_path(inputs, attrs) -> bool | None:
+    """Which loop a Depthwise for this node sums the input's map in: True vector_rows.py's, False loops.py's wide
+    rows, None the blocks of channels."""
+    from minfer_ops_numba import qdepthwise
+
+    conv = qdepthwise.Depthwise(inputs[3], inputs[5], attrs, qdepthwise.EMPTY)
+    tables = conv.locate(inputs[0].shape[1:])[1]
+    return bool(tables[-1]) if len(tables) == len(qdepthwise.GEO) else None
+
+
+ROW_GEOMETRIES = {  # name: (node keywords, the loop `_row_path` names); each map's output has ROW_CELLS cells or more
+    "3x3-vector": (dict(pads=[1, 0, 1, 2]), True),
+    "3x3-stride2-vector": (dict(strides=[2, 2], pads=[1, 1, 0, 1], hw=(113, 114)), True),
+    "5x5-stride2-vector": (dict(k=(5, 5), strides=[2, 2], pads=[2, 1, 2, 2], hw=(115, 112)), True),
+    "3x1-wide": (dict(k=(3, 1), pads=[1, 0, 1, 0]), False),
+    "7x7-wide": (dict(k=(7, 7), pads=[3, 2, 3, 3]), False),
+}
+
+
+@pytest.mark.parametrize("geometry", list(ROW_GEOMETRIES))
 @pytest.mark.parametrize("float_input", [0, 1, 2])
 @pytest.mark.parametrize("per_channel", [False, True], ids=["tensor", "channel"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_large_stride1_maps_in_rows_as_the_numpy_kernel(float_input, per_channel, threads):
-    """From ROW_CELLS output cells a stride-1 conv sums in loops.py's wide rows, not in blocks of channels: each input
-    form, per-tensor and per-channel weights, asymmetric pads, over one and two threads: minfer-ops-conv's values;
-    and a NaN input is NaN where a window holds it."""
-    rng = np.random.default_rng(41 + float_input + 3 * per_channel)
-    inputs, attrs = _node(rng, c=19, hw=_row_map(), pads=[1, 0, 1, 2], per_channel=per_channel,
+def test_large_maps_in_rows_as_the_numpy_kernel(geometry, float_input, per_channel, threads):
+    """From ROW_CELLS output cells a conv sums in rows, not in blocks of channels: vector_rows.py's vectors where
+    they fit (3x3, 5x5, strides 1 and 2), loops.py's wide rows at stride 1 otherwise; each input form, per-tensor
+    and per-channel weights, asymmetric pads, over one and two threads: minfer-ops-conv's values; and a NaN input
+    is NaN where a window holds it."""
+    from minfer_ops_numba import qdepthwise
+
+    keywords, vector = ROW_GEOMETRIES[geometry]
+    rng = np.random.default_rng(41 + float_input + 3 * per_channel + 7 * len(geometry))
+    inputs, attrs = _node(rng, **{"c": 19, "hw": _row_map(), **keywords}, per_channel=per_channel,
                           float_input=float_input, activation="Clip", activation_params=[0.0, 6.0],
                           output_quantization=[0.07, -3.0, 252.0])
+    assert _row_path(inputs, attrs) is (vector and qdepthwise.vector_fits((3, 3), (1, 1), (1, 1)))
     got = _check(inputs, attrs, threads=threads)
-    assert got.shape[2] * got.shape[3] >= __import__("minfer_ops_numba.qdepthwise").qdepthwise.ROW_CELLS
-    if float_input == 1:
+    assert got.shape[2] * got.shape[3] >= qdepthwise.ROW_CELLS
+    if float_input == 1 and geometry == "3x3-vector":
         inputs[0][0, 4, 20, 30] = np.nan
         got = _check(inputs, attrs, threads=threads)
         nan = {tuple(v) for v in np.argwhere(np.isnan(got))}
@@ -283,3 +308,11 @@ def test_scaled_conv_integer_on_a_large_map_in_rows(dynamic):
     rng = np.random.default_rng(17 + dynamic)
     inputs, attrs = _scaled_node(rng, dynamic=dynamic, c=18, hw=_row_map(), pads=[1, 1, 1, 1], activation="Relu")
     _check_scaled(inputs, attrs, threads=2)
+
+
+def test_blocks_below_row_cells():
+    """Below ROW_CELLS output cells (a stride-2 conv of a 56x56 map) the blocks of channels sum, as measured faster
+    there."""
+    inputs, attrs = _node(np.random.default_rng(8), c=5, hw=(56, 56), strides=[2, 2], pads=[1, 1, 1, 1])
+    assert _row_path(inputs, attrs) is None
+    _check(inputs, attrs)

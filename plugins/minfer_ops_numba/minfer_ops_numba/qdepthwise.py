@@ -9,7 +9,8 @@ LANES (16) channels of one image, as depthwise_blocked.py cuts a float conv: its
 `block_sums` on the centered weights packed as float32 (padding is zero there: x's zero point, centered, as
 onnxruntime pads), then the Requantize chain (quant.py's `_rq_fused` operations, in its order) in place while the
 unit is in L2 (`_requantize`; a chain ending on a post grid as `fitted` shortens it, checked at build to give its
-bits); the units over a native team when one runs. ScaledConvInteger's dynamic input gets
+bits); the units over a native team when one runs. On large maps (`ROW_CELLS`) a unit is a few channels summed in
+rows instead: vector_rows.py's in-place vectors, or loops.py's wide rows. ScaledConvInteger's dynamic input gets
 DynamicQuantizeLinear's scale and zero point as minfer-ops-conv computes them (`dynamic_operands`).
 
 The sums are exact: every product of centered 8-bit values is an integer, and ``applies`` asks that the largest
@@ -42,14 +43,19 @@ from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
                     _range_params, _scaled_epilogue)
 from .team import NONE, prange  # noqa: F401 (rebound to numba's at compile)
+from .vector_rows import fits as vector_fits, install as install_vector, vector_rows  # noqa: F401 (compiled code)
 from .window import window
 
 # how the conv's input is made: QuantizeLinear of float32 x less its zero point (float_input 1), 8-bit x less its
 # zero point (float_input 0), each unit's channels into scratch; float_input 2: x as it is (centered already)
 QUANTIZE, CENTERED, EIGHT = 1, 2, 0
-# from this many output cells a stride-1 conv sums each channel's plane in loops.py's wide rows (`_row_units`)
-# instead of blocks of LANES channels: a block's channels-last scratch outgrows L2 (16 channels of 114x114: 830 kB;
-# MobileNetV2 QDQ's 32x112x112 took 362 us in blocks, its float twin 217 in rows)
+# from this many output cells a conv sums each channel's plane in rows (`_row_units`) instead of blocks of LANES
+# channels: a block's channels-last scratch outgrows L2 (16 channels of 114x114: 830 kB; MobileNetV2 QDQ's
+# 32x112x112 took 362 us in blocks, its float twin 217 in rows). The rows are vector_rows.py's in-place vectors
+# where they fit (3x3 or 5x5, stride 1 or 2), else loops.py's wide rows (stride 1). Alone, one thread (centered
+# input, a fitted chain): 32x112x112 292 us wide rows -> 232-253 vector; 96x112x112 stride 2 365 blocks -> 270-282;
+# 144x56x56 308 either; below it the blocks won (144x56x56 stride 2, 28x28 out: 126 against 131; 192x28x28: 102
+# against 155)
 ROW_CELLS = 56 * 56
 
 
@@ -176,47 +182,54 @@ def _drive_centered(x, w, zeros, y, table, parts, dst, offs, planes, hp, wp, sh,
 
 
 @jit
-def _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
-    """Channels c0..c1 of image i in rows (stride 1): the exact sums of centered xq by loops.py's `wide_rows` on the
-    centered weights (C, kh, kw) and a zero bias, then `_requantize`. The sums are integers below 2**24: they are
-    `block_sums`' whatever the order of the taps."""
+def _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, sh, sw, vector, m, c, s, b, params):  # pragma: no cover
+    """Channels c0..c1 of image i in rows: the exact sums of centered xq on the centered weights (C, kh, kw) and a
+    zero bias by vector_rows.py's `vector_rows` (``vector``), else loops.py's `wide_rows` (stride 1), then
+    `_requantize`. The sums are integers below 2**24: they are `block_sums`' whatever the order of the taps."""
     nc, cells = y.shape[1], y.shape[2] * y.shape[3]
-    wide_rows(xq[i], w, zeros, y[i], c0, c1, 1, 1, ph, pw, 1, 1)
+    if vector:
+        vector_rows(xq[i], w, zeros, y[i], c0, c1, sh, sw, ph, pw, 1, 1)
+    else:
+        wide_rows(xq[i], w, zeros, y[i], c0, c1, 1, 1, ph, pw, 1, 1)
     _requantize(y.reshape(-1), (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit
-def _row_units(x, xq, w, zeros, y, table, lo, hi, ph, pw, mode, quant, m, c, s, b, params):  # pragma: no cover
+def _row_units(x, xq, w, zeros, y, table, lo, hi, ph, pw, sh, sw, vector, mode, quant, m, c, s, b,
+               params):  # pragma: no cover - compiled
     """`_units` in rows: each unit's channels centered into xq (`_center`), then `_row_sums`."""
     for u in range(lo, hi):
         i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
         _center(x, xq, i, c0, c1, mode, quant)
-        _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, m, c, s, b, params)
+        _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, sh, sw, vector, m, c, s, b, params)
 
 
 @jit
-def _centered_rows(x, w, zeros, y, table, lo, hi, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
+def _centered_rows(x, w, zeros, y, table, lo, hi, ph, pw, sh, sw, vector, m, c, s, b,
+                   params):  # pragma: no cover - compiled
     """`_row_units` for an x centered already (float_input 2)."""
     for u in range(lo, hi):
-        _row_sums(x, w, zeros, y, table[u, 0], table[u, 1], table[u, 2], ph, pw, m, c, s, b, params)
+        _row_sums(x, w, zeros, y, table[u, 0], table[u, 1], table[u, 2], ph, pw, sh, sw, vector, m, c, s, b, params)
 
 
 @jit(parallel=True)
-def _drive_rows(x, xq, w, zeros, y, table, parts, ph, pw, mode, quant, m, c, s, b, params):  # pragma: no cover
+def _drive_rows(x, xq, w, zeros, y, table, parts, ph, pw, sh, sw, vector, mode, quant, m, c, s, b,
+                params):  # pragma: no cover - compiled
     """`_row_units` over a native team."""
     count = table.shape[0]
     for t in prange(parts):
-        _row_units(x, xq, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, mode, quant, m,
-                   c, s, b, params)
+        _row_units(x, xq, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, sh, sw, vector,
+                   mode, quant, m, c, s, b, params)
 
 
 @jit(parallel=True)
-def _drive_centered_rows(x, w, zeros, y, table, parts, ph, pw, m, c, s, b, params):  # pragma: no cover - compiled
+def _drive_centered_rows(x, w, zeros, y, table, parts, ph, pw, sh, sw, vector, m, c, s, b,
+                         params):  # pragma: no cover - compiled
     """`_centered_rows` over a native team."""
     count = table.shape[0]
     for t in prange(parts):
-        _centered_rows(x, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, m, c, s, b,
-                       params)
+        _centered_rows(x, w, zeros, y, table, count * t // parts, count * (t + 1) // parts, ph, pw, sh, sw, vector, m,
+                       c, s, b, params)
 
 
 def _depthwise_weight(ctx: Any, w_index: int, zp_index: int, group: int) -> bool:
@@ -312,40 +325,47 @@ class Depthwise:
         self.c, self.kernel, self.chain = c, (kh, kw), chain
         self.st, self.dl = tuple(attrs.get("strides") or (1, 1)), tuple(attrs.get("dilations") or (1, 1))
         self.pads, self.auto_pad = attrs.get("pads"), attrs.get("auto_pad") or "NOTSET"
+        self.vector = vector_fits(self.kernel, self.st, self.dl)
         self.geometry: dict[tuple[int, ...], tuple[tuple[int, ...], tuple[Any, ...]]] = {}
         self.cuts: dict[tuple[Any, ...], tuple[list[tuple[int, int, int]], int, np.ndarray]] = {}
 
     def locate(self, dims: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[Any, ...]]:
-        """For input dims (C, H, W): the output's (OH, OW), and the blocks' tables, or for `_row_units` (a stride-1
-        conv of at least `ROW_CELLS` output cells) the pads before (top, left)."""
+        """For input dims (C, H, W): the output's (OH, OW), and the blocks' tables, or for `_row_units` (at least
+        `ROW_CELLS` output cells, where vector rows fit or at stride 1) the row loops' (top, left, sh, sw, vector):
+        the pads before, the strides, whether vector_rows.py's loop sums them."""
         found = self.geometry.get(dims)
         if found is None:
             win = window(dims[1:], self.kernel, self.st, self.dl, self.pads, self.auto_pad, clamp_same=True)
-            rows = self.st == self.dl == (1, 1) and win.out_shape[0] * win.out_shape[1] >= ROW_CELLS
-            found = self.geometry[dims] = win.out_shape, (win.begin if rows else depthwise_blocked._tables(
-                dims[1:], win, self.kernel, self.st, self.dl))
+            cells = win.out_shape[0] * win.out_shape[1]
+            vector = self.vector and cells >= ROW_CELLS
+            rows = vector or self.st == self.dl == (1, 1) and cells >= ROW_CELLS
+            found = self.geometry[dims] = win.out_shape, ((*win.begin, *self.st, vector) if rows else
+                                                          depthwise_blocked._tables(dims[1:], win, self.kernel,
+                                                                                    self.st, self.dl))
         return found
 
     def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
         """Compile (or load from numba's cache) at build, not in the first run, where it would skew the core's
         timing: the loops for this input form, and the team's driver where a native team may run."""
         depthwise_blocked._install()
+        install_vector()
         x = readonly(np.zeros((1, self.c, 8, 8), dtype))
         self(x, mode, quant, operands)
         xq, table = np.zeros(x.shape, np.float32), readonly(np.array([[0, 0, 1]], np.int64))
         rows = (self.plain, self.zeros, np.zeros((1, self.c, 8, 8), np.float32), table)  # the row loops (8x8: blocks)
         if mode == CENTERED:
-            _centered_rows(x, *rows, 0, 1, 0, 0, *operands, self.chain)
+            _centered_rows(x, *rows, 0, 1, *GEO, *operands, self.chain)
         else:
-            _row_units(x, xq, *rows, 0, 1, 0, 0, mode, quant, *operands, self.chain)
-        if team.available():
-            out_shape, tables = self.locate(x.shape[1:])
-            y = np.zeros((1, self.c) + out_shape, np.float32)
+            _row_units(x, xq, *rows, 0, 1, *GEO, mode, quant, *operands, self.chain)
+        if team.available():  # (the blocks' driver on blocks' tables, whichever path an 8x8 map takes)
+            win = window(x.shape[2:], self.kernel, self.st, self.dl, self.pads, self.auto_pad, clamp_same=True)
+            tables = depthwise_blocked._tables(x.shape[2:], win, self.kernel, self.st, self.dl)
+            y = np.zeros((1, self.c) + win.out_shape, np.float32)
             if mode == CENTERED:
-                _drive_centered_rows(x, *rows, 1, 0, 0, *operands, self.chain)
+                _drive_centered_rows(x, *rows, 1, *GEO, *operands, self.chain)
                 _drive_centered(x, self.packed, self.zeros, y, table, 1, *tables, *operands, self.chain)
             else:
-                _drive_rows(x, xq, *rows, 1, 0, 0, mode, quant, *operands, self.chain)
+                _drive_rows(x, xq, *rows, 1, *GEO, mode, quant, *operands, self.chain)
                 _drive(x, xq, self.packed, self.zeros, y, table, 1, *tables, mode, quant, *operands, self.chain)
         self.geometry.clear()
 
@@ -358,7 +378,7 @@ class Depthwise:
             return y
         threads = intra_op_threads()
         size = team.size() if threads > 1 else 1  # asking claims the run's threads for the team
-        native, rows = size > 1, len(tables) == 2
+        native, rows = size > 1, len(tables) == len(GEO)  # (the blocks: their tables, eight)
         key = (n, size if native else threads, native) + x.shape[1:]
         if key not in self.cuts:
             self.cuts[key] = self._cut(n, x.shape[2:], out_shape, size if native else threads, native, rows)
@@ -398,6 +418,7 @@ class Depthwise:
 
 
 EMPTY = readonly(np.zeros(0, np.float32))
+GEO = (0, 0, 1, 1, False)  # the row loops' (ph, pw, sh, sw, vector) when warmed: one compiled signature for all
 
 
 def _operand(v: Any) -> np.ndarray:
