@@ -30,6 +30,28 @@ def _inputs():
     yield np.array([-0.0, 0.0, -0.0], np.float32)
 
 
+@pytest.mark.parametrize("size", [1, 15, 16, 63, 64, 65, 129, 1000, 100_003])
+def test_value_range_is_numpys_min_and_max(size):
+    """`value_range`'s one pass gives np.min's and np.max's values at every length around its vectors (16 lanes,
+    four in flight: 64 a step) and its tail; a NaN anywhere (first, middle, a vector's last lane, the tail's last)
+    is NaN in both; an infinity is the min or the max; a non-contiguous array is read as its values."""
+    rng = np.random.default_rng(size)
+    x = (rng.standard_normal(size) * 100).astype(np.float32)
+    assert dynamic_quant.value_range(x) == (x.min(), x.max())
+    for at in sorted({0, size // 2, min(size - 1, 63), size - 1}):
+        for special in (np.nan, np.inf, -np.inf):
+            y = x.copy()
+            y[at] = special
+            mn, mx = dynamic_quant.value_range(y)
+            if np.isnan(special):
+                assert np.isnan(mn) and np.isnan(mx)
+            else:
+                assert (mn, mx) == (y.min(), y.max()) and np.inf in (abs(mn), abs(mx))
+    if size > 2:
+        grid = x[: size - size % 2].reshape(-1, 2)[:, ::-1]  # a strided view
+        assert dynamic_quant.value_range(grid) == (grid.min(), grid.max())
+
+
 @pytest.mark.parametrize("x", list(_inputs()), ids=["normal", "positive", "negative", "zeros", "ties", "signed-zeros"])
 def test_same_results_as_minfer_ops_basic(x):
     """y, scale and zero point equal minfer-ops-basic's kernel's exactly."""

@@ -1,12 +1,14 @@
 """DynamicQuantizeLinear (float32): the quantizing in one compiled pass instead of numpy's four.
 
 minfer-ops-basic's kernel takes the max, the min, then divides, rounds, clips and adds the zero point
-converting to uint8, each a numpy pass. Here the min and max stay numpy's (its vectorized reductions: a
-compiled loop was 10x slower, not being allowed to reorder them), the scale and zero point are computed by
-the same Python float32 arithmetic as that kernel's, and one pass quantizes each element with its
-operations in its order (float32 division, round half to even, clip to [-zp, 255 - zp], + zp), so the
-results are the same. A tensor holding NaN or an infinity (whose uint8 conversion numpy leaves to the C
-cast) or no element goes to the numpy formula instead.
+converting to uint8, each a numpy pass. Here the min and max come from one pass (`value_range`: 16-lane
+vectors of LLVM's NaN-propagating minimum and maximum, in a small intrinsic: a compiled scalar loop was 10x
+slower than numpy's reductions, not being allowed to reorder them; numpy's two passes took 50 us on a
+144x56x56 tensor in cache, 93 from memory), the scale and zero point are computed by the same Python float32
+arithmetic as that kernel's, and one pass quantizes each element with its operations in its order (float32
+division, round half to even, clip to [-zp, 255 - zp], + zp), so the results are the same. A tensor holding
+NaN or an infinity (whose uint8 conversion numpy leaves to the C cast) or no element goes to the numpy formula
+instead. The quantized convs' dynamic inputs (qconv.py, qdepthwise.py) take their range from `value_range` too.
 """
 
 from __future__ import annotations
@@ -18,6 +20,100 @@ import numpy as np
 from minfer_core import kernel
 
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+
+LANES = 16  # float32 lanes of a vector (one AVX-512 register; LLVM splits it on narrower machines)
+ACCUMULATORS = 4  # vectors in flight a step of `_range`, to hide the minimum's latency
+
+
+@jit
+def _range(flat, out):  # pragma: no cover - compiled
+    """out[0], out[1] = the min and max of flat (float32, C-contiguous, not empty), NaN in both if any is NaN."""
+    minmax(flat, out)
+
+
+def minmax(flat, out):  # pragma: no cover - replaced
+    """A stand-in, made numba's intrinsic when `value_range` first runs (`_install`)."""
+    raise RuntimeError("dynamic_quant.minmax runs compiled only")
+
+
+def value_range(x: np.ndarray) -> tuple[np.float32, np.float32]:
+    """(min, max) of a float32 array of at least one element, as np.min and np.max give them (NaN in both where
+    x holds one; -0.0 and 0.0 alike for the callers' formulas), in one compiled pass."""
+    _install()
+    out = np.empty(2, np.float32)
+    _range(readonly(np.ascontiguousarray(x, np.float32)).reshape(-1), out)
+    return out[0], out[1]
+
+
+def _install() -> None:
+    """Make `minmax` numba's intrinsic (importing numba now, never at import: _jit.py's docstring)."""
+    if getattr(minmax, "_is_intrinsic", False):
+        return
+    from numba import types
+    from numba.extending import intrinsic
+
+    def typer(typingctx, flat, out):
+        return types.void(flat, out), _minmax_ir
+
+    made = intrinsic(typer)
+    made._is_intrinsic = True
+    globals()["minmax"] = made
+
+
+def _minmax_ir(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> Any:
+    """`minmax`'s code: ACCUMULATORS vectors of LANES each for the minimum, the maximum and whether a lane saw a
+    NaN, over the whole vectors (a comparison and a select each: x86's vminps and vmaxps, which drop a NaN, hence
+    the third), the lanes then folded and the rest taken one by one; NaN in both where any was NaN."""
+    from llvmlite import ir
+    from numba.core import cgutils
+
+    flat, out = (context.make_array(sig.args[i])(context, builder, args[i]) for i in (0, 1))
+    data, n = flat.data, flat.nitems
+    f32, i64, i32 = ir.FloatType(), ir.IntType(64), ir.IntType(32)
+    vec, mask = ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(1), LANES)
+    step = LANES * ACCUMULATORS
+
+    def fold(lo, hi, nan, v):  # the running (min, max, NaN seen) with v
+        return (builder.select(builder.fcmp_ordered("<", v, lo), v, lo),
+                builder.select(builder.fcmp_ordered(">", v, hi), v, hi),
+                builder.or_(nan, builder.fcmp_unordered("uno", v, v)))
+
+    def start(kind, value):
+        return cgutils.alloca_once_value(builder, ir.Constant(kind, value))
+
+    acc = [(start(vec, [float("inf")] * LANES), start(vec, [float("-inf")] * LANES), start(mask, [0] * LANES))
+           for _ in range(ACCUMULATORS)]
+    whole = builder.sdiv(n, ir.Constant(i64, step))
+    with cgutils.for_range(builder, whole) as loop:
+        base = builder.mul(loop.index, ir.Constant(i64, step))
+        for a, slots in enumerate(acc):
+            at = builder.add(base, ir.Constant(i64, a * LANES))
+            v = builder.load(builder.bitcast(builder.gep(data, [at]), vec.as_pointer()), align=4)
+            for slot, value in zip(slots, fold(*(builder.load(s) for s in slots), v)):
+                builder.store(value, slot)
+    low, high, nan = (builder.load(s) for s in acc[0])
+    for slots in acc[1:]:
+        lo, hi, seen = (builder.load(s) for s in slots)
+        low = builder.select(builder.fcmp_ordered("<", lo, low), lo, low)
+        high = builder.select(builder.fcmp_ordered(">", hi, high), hi, high)
+        nan = builder.or_(nan, seen)
+    lanes = [(builder.extract_element(low, i32(j)), builder.extract_element(high, i32(j)),
+              builder.extract_element(nan, i32(j))) for j in range(LANES)]
+    mn, mx, bad = (cgutils.alloca_once_value(builder, v) for v in lanes[0])
+    for lo, hi, seen in lanes[1:]:
+        builder.store(builder.select(builder.fcmp_ordered("<", lo, builder.load(mn)), lo, builder.load(mn)), mn)
+        builder.store(builder.select(builder.fcmp_ordered(">", hi, builder.load(mx)), hi, builder.load(mx)), mx)
+        builder.store(builder.or_(builder.load(bad), seen), bad)
+    done = builder.mul(whole, ir.Constant(i64, step))
+    with cgutils.for_range(builder, builder.sub(n, done)) as loop:
+        v = builder.load(builder.gep(data, [builder.add(done, loop.index)]))
+        for slot, value in zip((mn, mx, bad), fold(builder.load(mn), builder.load(mx), builder.load(bad), v)):
+            builder.store(value, slot)
+    nan_value = ir.Constant(f32, float("nan"))
+    flagged = builder.load(bad)
+    builder.store(builder.select(flagged, nan_value, builder.load(mn)), builder.gep(out.data, [ir.Constant(i64, 0)]))
+    builder.store(builder.select(flagged, nan_value, builder.load(mx)), builder.gep(out.data, [ir.Constant(i64, 1)]))
+    return context.get_dummy_value()
 
 
 @jit
@@ -69,12 +165,13 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 def dynamic_quantize_linear(ctx):
     """DynamicQuantizeLinear-11 (float32): uint8 quantization whose range includes 0; y, scale, zero point."""
     _quantize(readonly(np.zeros(1, np.float32)), np.zeros(1, np.uint8), np.float32(1), np.float32(0))  # at build
+    value_range(np.zeros(1, np.float32))
 
     def run(x):
         flat = readonly(np.ascontiguousarray(x)).reshape(-1)
         if flat.size == 0:
             return _numpy(x)
-        mn, mx = np.min(flat), np.max(flat)  # NaN propagates into both
+        mn, mx = value_range(flat)  # NaN propagates into both
         if not (np.isfinite(mn) and np.isfinite(mx)):
             return _numpy(x)
         scale, zp = scale_and_zero_point(float(mn), float(mx))

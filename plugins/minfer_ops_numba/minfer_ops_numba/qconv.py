@@ -30,6 +30,7 @@ from minfer_core import KernelContext, TensorType, get_registry, kernel, prepare
 from . import igemm
 from . import qconv_gemm as qg
 from ._jit import PRIORITY, input_type, readonly
+from .dynamic_quant import value_range
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -355,6 +356,8 @@ class ScaledConv:
         self.dynamic = _dynamic_quantizer(ctx) if attrs.get("dynamic_input") else None
         self.range_params = _range_params(ctx) if attrs.get("dynamic_input") else None
         qg.compile_for(np.dtype(np.uint8) if self.dynamic else input_type(ctx, 0).dtype)
+        if self.dynamic:
+            value_range(np.zeros(1, np.float32))  # compiled at build, not in the first run
 
     def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any) -> tuple[np.ndarray, int, np.ndarray]:
         """(8-bit x, its zero point, the float32 scale of the sums): DynamicQuantizeLinear's of a float32 x, made
@@ -362,7 +365,7 @@ class ScaledConv:
         if self.dynamic is None:
             zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
-        mn, mx = (x.min(), x.max()) if x.size else (np.float32(np.nan),) * 2
+        mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
         if -np.inf < mn and mx < np.inf:  # finite (NaN compares false)
             x_scale, zp = self.range_params(mn, mx)
             zero = int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])

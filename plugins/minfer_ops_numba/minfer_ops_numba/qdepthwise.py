@@ -38,6 +38,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uint
 from .channels import LANES
 from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
+from .dynamic_quant import value_range
 from .igemm import FITTED, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
 from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
@@ -483,6 +484,7 @@ def scaled_run(ctx: Any, conv: Any, dynamic_input: int) -> Any:
         conv.warm(EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
     else:
         conv.warm(QUANTIZE, np.float32, fixed, (one, EMPTY, *affine))
+        value_range(np.zeros(1, np.float32))  # compiled at build, not in the first run
 
     def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
         if dynamic is None:
@@ -500,7 +502,7 @@ def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> t
     quantized on the way in; an x holding NaN or an infinity goes through the kernel itself (its 8-bit output, less
     its zero point)."""
     kernel, range_params = dynamic
-    mn, mx = (x.min(), x.max()) if x.size else (np.float32(np.nan),) * 2  # (methods: ~2 us less than np.min's)
+    mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
     if -np.inf < mn and mx < np.inf:  # finite (NaN compares false)
         x_scale, zp = range_params(mn, mx)
         zero = zp if isinstance(zp, np.float32) else np.float32(np.asarray(zp).reshape(-1)[0])
