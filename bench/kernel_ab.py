@@ -1,11 +1,13 @@
 """A model with and without one kernel, in one process: what that kernel brings where the core's timing picks it.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python -m bench.kernel_ab KERNEL --models M ... [--batch 1]
+        [--quantized qdq|qdq_pc|qoperator|dynamic]
 
 KERNEL names kernels by ``module:qualified name`` (a substring: ``minfer_ops_numba.pointwise:conv``). Per model two
 sessions of two threads are built: one with every installed kernel, one with a registry of the same plugins
 without the kernels KERNEL names (the process-wide registry is untouched). Each warms up alone, then they
-alternate as bench.modes' sessions do. Printed: each session's median in ms and the mode its shape settled on.
+alternate as bench.modes' sessions do. ``--quantized``: the model as onnxruntime's quantizer makes it in that
+format (bench.quantized's `quantize`), for a quantized kernel. Printed: each session's median in ms and the mode its shape settled on.
 """
 
 from __future__ import annotations
@@ -33,19 +35,31 @@ def registry_without(kernel: str) -> object:
     return registry
 
 
-def compare(kernel: str, name: str, batch: int, rounds: int, repeat: int) -> dict[str, object]:
-    """Medians (ms) and settled modes of the sessions with and without ``kernel`` on one model."""
+def compare(kernel: str, name: str, batch: int, rounds: int, repeat: int,
+            quantized: str | None = None) -> dict[str, object]:
+    """Medians (ms) and settled modes of the sessions with and without ``kernel`` on one model (quantized in
+    format ``quantized`` when given)."""
     import minfer_core
 
     model = build(name, batch)
     feeds = random_feeds(model)
+    if quantized:
+        import tempfile
+        from pathlib import Path
+
+        from bench.models import ORT_IR_VERSION
+        from bench.quantized import quantize
+
+        model.ir_version = ORT_IR_VERSION
+        with tempfile.TemporaryDirectory() as folder:
+            model = quantize(model, quantized, feeds, Path(folder) / quantized)
     sessions = {"with": minfer_core.InferenceSession(model, threads=2),
                 "without": minfer_core.InferenceSession(model, threads=2, registry=registry_without(kernel))}
     for session in sessions.values():
         for _ in range(WARMUP):
             session.run(None, feeds)
     times = alternate(sessions, feeds, rounds, repeat)
-    row: dict[str, object] = {"model": name, "batch": batch, "kernel": kernel}
+    row: dict[str, object] = {"model": name, "batch": batch, "kernel": kernel, "quantized": quantized or "no"}
     for label, session in sessions.items():
         row[label] = round(statistics.median(times[label]), 3)
         row[f"{label} mode"] = list(session.executor.teams.values())
@@ -59,9 +73,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--repeat", type=int, default=15)
+    parser.add_argument("--quantized", choices=["qdq", "qdq_pc", "qoperator", "dynamic"])
     args = parser.parse_args(argv)
     for name in args.models:
-        print(compare(args.kernel, name, args.batch, args.rounds, args.repeat), flush=True)
+        print(compare(args.kernel, name, args.batch, args.rounds, args.repeat, args.quantized), flush=True)
 
 
 if __name__ == "__main__":
