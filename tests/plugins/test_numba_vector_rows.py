@@ -113,3 +113,22 @@ def test_vector_rows_are_a_timed_candidate_under_their_own_name():
     mine, theirs = depthwise.conv_vector, depthwise.conv
     assert (mine.out, mine.epilogue, mine.packed) == (theirs.out, theirs.epilogue, theirs.packed)
     assert len({f"{k.fn.__module__}.{k.fn.__qualname__}" for k in found}) == len(found)
+
+
+def test_callers_compile_under_an_llvm_before_17(monkeypatch):
+    """Under an LLVM before 17 (older numba: the masked intrinsics are spelled otherwise) `fits` declines every
+    geometry, and code calling `row_cells` still compiles (depthwise.py's and qdepthwise.py's loops name it beside
+    the others): a call raises instead of building invalid IR."""
+    import numba
+
+    vector_rows.install()
+    monkeypatch.setattr(vector_rows, "buildable", lambda: False)
+    assert not vector_rows.fits((3, 3), (1, 1), (1, 1))
+    row_cells = vector_rows.row_cells
+
+    @numba.njit
+    def call(xf, w, yf):
+        row_cells(xf, 0, 4, 4, w, np.float32(0), yf, 0, 4, 4, 1, 1, 1, (0, 1, 2))
+
+    with pytest.raises(RuntimeError, match="LLVM 17"):
+        call(np.zeros(16, np.float32), np.zeros(9, np.float32), np.zeros(16, np.float32))

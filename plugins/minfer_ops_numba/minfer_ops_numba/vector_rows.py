@@ -93,6 +93,11 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
 
     from .depthwise_blocked import _in_runs
 
+    if not buildable():  # an LLVM before 17 spells the masked intrinsics otherwise: callers still compile (`fits`
+        # never picks this loop there), a call raises
+        with builder.if_then(cgutils.true_bit):
+            context.call_conv.return_user_exc(builder, RuntimeError, ("vector_rows needs numba's LLVM 17 or later",))
+        return context.get_dummy_value()
     xf, xbase, height, width, w, bias, yf, ybase, oh, ow, stride, ph, pw, _ = args
     k = sig.args[13].count
     xd, wd, yd = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4, 6))
