@@ -7,7 +7,8 @@ KERNEL names kernels by ``module:qualified name`` (a substring: ``minfer_ops_num
 sessions of two threads are built: one with every installed kernel, one with a registry of the same plugins
 without the kernels KERNEL names (the process-wide registry is untouched). Each warms up alone, then they
 alternate as bench.modes' sessions do. ``--quantized``: the model as onnxruntime's quantizer makes it in that
-format (bench.quantized's `quantize`), for a quantized kernel. Printed: each session's median in ms and the mode its shape settled on.
+format (bench.quantized's `quantize`), for a quantized kernel. Printed: each session's median in ms and the mode
+its shape settled on.
 """
 
 from __future__ import annotations

@@ -30,6 +30,7 @@ import sys
 import tempfile
 import time
 import types
+import weakref
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -67,11 +68,15 @@ def quantize(model: onnx.ModelProto, fmt: str, feeds: dict[str, np.ndarray], fol
     return quantized_by_onnxruntime(model, folder, kind, x.shape, per_channel=fmt == "qdq_pc")
 
 
+WEAK_PROXIES = (weakref.ProxyType, weakref.CallableProxyType)  # type() reads a dead one; isinstance() raises
+
+
 def held_array_bytes(root: Any) -> int:
     """The bytes of the numpy arrays reachable from ``root`` (an engine): its weights as held, counted once each.
 
     Follows references as the garbage collector sees them, except into modules, classes and functions'
-    globals (shared by every engine); an array that views another array or a bytes object (an initializer
+    globals (shared by every engine) and through weak proxies (which hold nothing, and may outlive what they
+    point to: numba's typing caches keep some); an array that views another array or a bytes object (an initializer
     read from the model's raw data) counts that buffer once. The executor's arena (the planned intermediates,
     which an engine of a model with static inputs makes at build) is not a weight: it is left out.
     """
@@ -81,7 +86,7 @@ def held_array_bytes(root: Any) -> int:
     todo = [root]
     while todo:
         obj = todo.pop()
-        if id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
+        if type(obj) in WEAK_PROXIES or id(obj) in seen or isinstance(obj, (type, types.ModuleType)):
             continue
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):
