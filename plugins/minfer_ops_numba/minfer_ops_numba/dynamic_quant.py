@@ -1,10 +1,10 @@
 """DynamicQuantizeLinear (float32): the quantizing in one compiled pass instead of numpy's four.
 
 minfer-ops-basic's kernel takes the max, the min, then divides, rounds, clips and adds the zero point
-converting to uint8, each a numpy pass. Here the min and max come from one pass (`value_range`: 16-lane
-vectors of LLVM's NaN-propagating minimum and maximum, in a small intrinsic: a compiled scalar loop was 10x
-slower than numpy's reductions, not being allowed to reorder them; numpy's two passes took 50 us on a
-144x56x56 tensor in cache, 93 from memory), the scale and zero point are computed by the same Python float32
+converting to uint8, each a numpy pass. Here the min and max come from one pass (`value_range`: a small
+intrinsic folding 16-lane compare-and-select minima and maxima, with a mask of the lanes that saw a NaN; a
+compiled scalar loop was 10x slower than numpy's reductions, not being allowed to reorder them; numpy's two
+passes took 50 us on a 144x56x56 tensor in cache, 93 from memory, one pass 30 and 71), the scale and zero point are computed by the same Python float32
 arithmetic as that kernel's, and one pass quantizes each element with its operations in its order (float32
 division, round half to even, clip to [-zp, 255 - zp], + zp), so the results are the same. A tensor holding
 NaN or an infinity (whose uint8 conversion numpy leaves to the C cast) or no element goes to the numpy formula
@@ -20,8 +20,8 @@ import numpy as np
 from minfer_core import kernel
 
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .vector_rows import LANES
 
-LANES = 16  # float32 lanes of a vector (one AVX-512 register; LLVM splits it on narrower machines)
 ACCUMULATORS = 4  # vectors in flight a step of `_range`, to hide the minimum's latency
 
 
