@@ -54,6 +54,8 @@ EPILOGUES = {  # FusedConv's (activation, activation_params, with a residual)
     "HardSigmoid": ("HardSigmoid", (0.25, 0.375), False),
     "residual-Relu": ("Relu", (), True),
     "residual-HardSwish": ("HardSwish", (), True),
+    "Swish": ("Swish", (1.702,), False),  # no code in `taps16`: the units' epilogue applies it (`units_of`)
+    "residual-Swish": ("Swish", (1.0,), True),
 }
 
 
@@ -87,8 +89,9 @@ def epilogue_for(name, shape, seed=1):
     after the residual when there is one."""
     act_name, params, residual = EPILOGUES[name]
     kern = {"Relu": activation.relu, "Clip": activation.clip_6, "HardSwish": activation.hard_swish,
-            "LeakyRelu": activation.leaky_relu, "HardSigmoid": activation.hard_sigmoid}[act_name]
-    names = {"Clip": ("min", "max"), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta")}.get(act_name, ())
+            "LeakyRelu": activation.leaky_relu, "HardSigmoid": activation.hard_sigmoid, "Swish": activation.swish}[act_name]
+    names = {"Clip": ("min", "max"), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),
+             "Swish": ("alpha",)}.get(act_name, ())
     attrs = dict(zip(names, params))
     ctx = KernelContext("act", act_name, 22, (TensorType(np.dtype(np.float32), shape),), (None,), (None,), 1)
     z = np.random.default_rng(seed).standard_normal(shape, dtype=np.float32) * 3 if residual else None
@@ -129,7 +132,8 @@ def test_blocks_resolve_auto_pad_as_the_row_loops(auto_pad):
 @pytest.mark.parametrize("shape, k, s, pads", [GRID[1], GRID[3], GRID[6], GRID[11]])
 @pytest.mark.parametrize("epilogue", EPILOGUES)
 def test_blocks_apply_fused_epilogues_as_the_phase_planes(shape, k, s, pads, epilogue, threads):
-    """With FusedConv's residual and Relu, Clip or HardSwish, on one or two threads: the phase planes' bits."""
+    """With FusedConv's residual and Relu, Clip, HardSwish or Swish, on one or two threads: the phase planes'
+    bits."""
     inputs, consts, attrs = case(shape, k, s, pads, seed=6)
     plain = prepared(depthwise.conv, inputs, consts, attrs)(*inputs)
     with using_threads(threads):

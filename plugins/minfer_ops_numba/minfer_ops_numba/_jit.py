@@ -149,12 +149,13 @@ class Compiled:
     take.
     """
 
-    __slots__ = ("fn", "dispatcher", "parallel")
+    __slots__ = ("fn", "dispatcher", "parallel", "numpy_errors")
 
-    def __init__(self, fn: Callable[..., Any], parallel: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], parallel: bool = False, numpy_errors: bool = False) -> None:
         self.fn = fn
         self.dispatcher: Any = None
         self.parallel = parallel
+        self.numpy_errors = numpy_errors
 
     def __call__(self, *args: Any) -> Any:
         if self.dispatcher is None:
@@ -167,14 +168,16 @@ _state: dict[str, bool] = {}
 _LOCK = threading.RLock()  # reentrant: a module compiles the modules whose functions it calls
 
 
-def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False) -> Any:
+def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False, numpy_errors: bool = False) -> Any:
     """``numba.njit(nogil=True, cache=True, fastmath=False)``, applied at the first call, cached in `cache_dir`.
 
     ``@jit(parallel=True)`` also compiles ``numba.prange`` loops to run on numba's threads (team.py: only its
-    drivers, called when `team.size` says a native team runs)."""
+    drivers, called when `team.size` says a native team runs). ``@jit(numpy_errors=True)``: numba's
+    ``error_model="numpy"``, a float division without the zero test Python's model puts before it (that test
+    keeps a loop calling the function from vectorizing); for functions whose divisions are float only."""
     if fn is None:
-        return lambda f: jit(f, parallel=parallel)
-    compiled = Compiled(fn, parallel)
+        return lambda f: jit(f, parallel=parallel, numpy_errors=numpy_errors)
+    compiled = Compiled(fn, parallel, numpy_errors)
     _PENDING.setdefault(fn.__module__, []).append(compiled)
     return compiled
 
@@ -194,6 +197,9 @@ def _compile_module(name: str) -> None:
             _install_locator()
 
         namespace = vars(sys.modules[name])
+        install = namespace.get("install_intrinsics")
+        if callable(install):  # the module's numba intrinsics replace their stand-ins before its functions compile
+            install()
         for key, value in list(namespace.items()):  # another module's jit function called from here: compiled
             if isinstance(value, Compiled) and value.fn.__module__ != name:
                 if value.dispatcher is None:
@@ -206,7 +212,8 @@ def _compile_module(name: str) -> None:
         saved = numba.config.CACHE_DIR
         numba.config.CACHE_DIR = str(cache_dir())
         try:
-            made = [numba.njit(nogil=True, cache=True, fastmath=False, parallel=c.parallel)(c.fn) for c in pending]
+            made = [numba.njit(nogil=True, cache=True, fastmath=False, parallel=c.parallel,
+                               error_model="numpy" if c.numpy_errors else "python")(c.fn) for c in pending]
         finally:
             numba.config.CACHE_DIR = saved
         # every name in place before any proxy hands out its dispatcher: a thread calling one compiles it, and

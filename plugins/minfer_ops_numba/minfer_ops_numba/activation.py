@@ -1,7 +1,7 @@
-"""Relu, Clip, LeakyRelu, HardSigmoid and HardSwish (float32): one compiled pass instead of numpy's one to four.
+"""Relu, Clip, LeakyRelu, HardSigmoid, HardSwish and Swish (float32): one compiled pass instead of numpy's one to four.
 
 The formulas are the numpy kernels', in float32 and in the same order, so
-the results are the same bits:
+the results are the same bits (Swish excepted, below):
 
 - Clip is numpy's ``maximum(x, min)`` then ``minimum(., max)``, as
   minfer-ops-basic computes it: NaN stays NaN, and on a tie numpy's
@@ -13,7 +13,15 @@ the results are the same bits:
   a negative alpha at +-0.0: the sign of the zero), so `applies` leaves
   those to numpy;
 - HardSigmoid is ``alpha * x + beta`` clipped to [0, 1], NaN kept; HardSwish
-  multiplies x by it with alpha 1/6 and beta 1/2.
+  multiplies x by it with alpha 1/6 and beta 1/2;
+- Swish (Swish-24, and minfer-passes' fused ``x * Sigmoid(alpha * x)``) is
+  ``x * s`` with s = 1 / (1 + e) for t = alpha * x >= 0, e / (1 + e) below,
+  e = exp(-|t|) (never overflows), NaN kept. Its exp is a float32 polynomial
+  (elementwise.py's constants, within 3 ulps of np.exp) scaled by 2^n built
+  from the exponent bits (`_f32_from_bits`, an LLVM bitcast): no libm call
+  and no table read, so the loop vectorizes. Within a few ulps of the numpy
+  kernels (not their bits): a YOLO-style detector's Conv -> Sigmoid -> Mul
+  then runs in the conv's epilogue, not as a pass of its own.
 
 Each is also the activation of minfer-passes' FusedConv/FusedGemm/FusedMatMul,
 which calls the registered in-place kernel of the op on each output tile
@@ -29,11 +37,9 @@ threads by a compiled driver (`_drive`) instead of parallel_for, the same
 formula on each share (so the same bits): its hand-over costs a few
 microseconds against parallel_for's ~60.
 
-Not here, because compiled code does not pay for them: Sigmoid, Softmax and
-Gelu-20 spend their time in exp and erf, which numba calls one element at a
-time (libm; no vector math library ships with it), while numpy's float32 exp
-is vectorized: a compiled Softmax over 4096 rows of 128 floats took 1.9 ms
-against 0.18 ms for np.exp alone (README.md).
+Not here: Softmax and Gelu-20 (their own modules, rows.py and gelu.py), and
+Sigmoid and Tanh alone (minfer-ops-basic's numpy loops; elementwise.py's
+fused programs compute Sigmoid in their loop).
 """
 
 from __future__ import annotations
@@ -58,11 +64,67 @@ LINE = 16  # elements per cache line: a team's shares start on one, so that no l
 F32_MAX = 3.4028234663852886e38  # Clip-6's default bounds, as minfer-ops-basic's
 
 # what `_value` computes (its ``op``); a and b are its two parameters
-CLIP, LEAKY_RELU, HARD_SIGMOID, HARD_SWISH, ROUND = 0, 1, 2, 3, 4
+CLIP, LEAKY_RELU, HARD_SIGMOID, HARD_SWISH, ROUND, SWISH = 0, 1, 2, 3, 4, 5
 # ROUND is minfer-passes' QuantizeDequantize rounding, clip(rint(v / scale), low, high) * scale, with quant.py's
 # kernel's operations in its order: a is the scale, b the integer bounds as one float32, ``(high + BOUND) * SPAN +
 # (low + BOUND)`` (exact: below 2**24; `round_bounds`), unpacked by exact float32 operations the loop hoists
 BOUND, SPAN = 2048, 4096
+
+
+# Swish's exp(m) for m in [-104, 0]: n = round(m / ln 2), r = m - n ln 2 (ln 2 in two parts: r exact), e^r = 1 + r +
+# r^2 q(r), times 2^n as two factors 2^(n >> 1) and 2^(n - (n >> 1)), each a normal float32 made from its exponent
+# bits (n down to -150: results below 2^-149 flush to 0, as float32's). elementwise.py's EXP_CONSTANTS, its fit
+_L2E, _LN2HI, _LN2LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
+_EXP_LO, _HALF, _ONE, _ZERO = np.float32(-104.0), np.float32(0.5), np.float32(1), np.float32(0)
+_P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(c) for c in (1.9790357328020036e-4, 1.3944649836048484e-3,
+                                                        8.333496749401093e-3, 4.166629537940025e-2,
+                                                        0.1666666567325592, 0.5))
+_BIAS = np.int32(127)
+
+
+def _f32_from_bits(bits):  # pragma: no cover - replaced
+    """The float32 whose bits are the low 32 bits of the integer ``bits``: LLVM's bitcast, one instruction in a vector loop. A stand-in,
+    made numba's intrinsic before this module compiles (`install_intrinsics`, which _jit.py calls)."""
+    raise RuntimeError("activation._f32_from_bits runs compiled only")
+
+
+def install_intrinsics() -> None:
+    """Make `_f32_from_bits` numba's intrinsic (numba is imported now: never at import, _jit.py's docstring)."""
+    if getattr(_f32_from_bits, "_is_intrinsic", False):
+        return
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+
+    def typer(typingctx, bits):
+        if not isinstance(bits, types.Integer):
+            return None
+
+        def codegen(context, builder, sig, args):  # numba widens int32 arithmetic: the low 32 bits are the word
+            word = args[0] if bits.bitwidth == 32 else builder.trunc(args[0], ir.IntType(32))
+            return builder.bitcast(word, ir.FloatType())
+
+        return types.float32(bits), codegen
+
+    made = intrinsic(typer)
+    made._is_intrinsic = True
+    globals()["_f32_from_bits"] = made
+
+
+@jit(numpy_errors=True)  # its one division is float: without Python's zero test the callers' loops vectorize
+def _swish(v, alpha):  # pragma: no cover - compiled
+    """v * sigmoid(alpha * v) in float32 (the module docstring); NaN stays NaN."""
+    t = alpha * v
+    m = -abs(t)
+    m = m if m >= _EXP_LO else _EXP_LO  # NaN too: the integer steps below see a number
+    n = np.floor(m * _L2E + _HALF)
+    r = (m - n * _LN2HI) - n * _LN2LO
+    q = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
+    k = np.int32(n)
+    half = k >> 1
+    e = (_ONE + r + r * r * q) * _f32_from_bits((half + _BIAS) << 23) * _f32_from_bits((k - half + _BIAS) << 23)
+    s = (_ONE if t >= _ZERO else e) / (_ONE + e)
+    return v * (s if t == t else t)
 
 
 def round_bounds(low: float, high: float) -> np.float32 | None:
@@ -86,7 +148,9 @@ def _round(v, scale, bounds):  # pragma: no cover - compiled
 
 @jit
 def _value(v, op, a, b):  # pragma: no cover - compiled
-    """One element of the activation ``op`` with parameters a, b (see the module docstring for each formula)."""
+    """One element of the activation ``op`` with parameters a, b (see the module docstring for each formula); not
+    SWISH, whose long body kept the loops calling this with a run-time ``op`` from vectorizing (HardSwish 6 ->
+    143 us over 65k elements): a loop over SWISH calls `_swish` itself."""
     if op == CLIP:  # numpy's maximum(v, a), then minimum(t, b): NaN from either side, the second on a tie
         t = v if (v > a or v != v) else a
         return t if (t < b or t != t) else b
@@ -107,8 +171,12 @@ from . import team  # noqa: E402
 @jit
 def _into(x, y, op, a, b, lo, hi):  # pragma: no cover - compiled
     """y = op(x) over flat elements lo..hi."""
-    for i in range(lo, hi):
-        y[uintp(i)] = _value(x[uintp(i)], op, a, b)
+    if op == SWISH:
+        for i in range(lo, hi):
+            y[uintp(i)] = _swish(x[uintp(i)], a)
+    else:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(x[uintp(i)], op, a, b)
 
 
 prange = range  # team.prange's stand-in (numba.prange at compile, _jit._compile_module): team.py imports this module
@@ -118,8 +186,12 @@ prange = range  # team.prange's stand-in (numba.prange at compile, _jit._compile
 def _over(y, op, a, b, lo, hi):  # pragma: no cover - compiled
     """y = op(y) over flat elements lo..hi: one array, so the loop vectorizes (`_into` on two arrays that are one
     checks them for overlap and runs unvectorized: 6x slower, measured)."""
-    for i in range(lo, hi):
-        y[uintp(i)] = _value(y[uintp(i)], op, a, b)
+    if op == SWISH:
+        for i in range(lo, hi):
+            y[uintp(i)] = _swish(y[uintp(i)], a)
+    else:
+        for i in range(lo, hi):
+            y[uintp(i)] = _value(y[uintp(i)], op, a, b)
 
 
 @jit(parallel=True)
@@ -141,7 +213,13 @@ def _in_place(y, op, a, b):  # pragma: no cover - compiled
     """y = op(y) for a 2-D y whose rows are contiguous (any row stride): the loop vectorizes then."""
     for r in range(y.shape[0]):
         row = y[uintp(r)]
-        if row.strides[0] == 4:  # known contiguous in this branch: a vector loop
+        if op == SWISH and row.strides[0] == 4:
+            for i in range(row.size):
+                row[uintp(i)] = _swish(row[uintp(i)], a)
+        elif op == SWISH:
+            for i in range(row.size):
+                row[uintp(i)] = _swish(row[uintp(i)], a)
+        elif row.strides[0] == 4:  # known contiguous in this branch: a vector loop
             for i in range(row.size):
                 row[uintp(i)] = _value(row[uintp(i)], op, a, b)
         else:
@@ -268,3 +346,9 @@ def hard_sigmoid(ctx, *, alpha=0.2, beta=0.5):
 def hard_swish(ctx):
     """HardSwish-14: x * max(0, min(1, x / 6 + 1 / 2))."""
     return _elementwise(HARD_SWISH, 1 / 6, 0.5)
+
+
+@kernel("Swish", since=24, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False, applies=_applies)
+def swish(ctx, *, alpha=1.0):
+    """Swish-24: x * sigmoid(alpha * x), within a few ulps of the numpy kernel (the module docstring)."""
+    return _elementwise(SWISH, alpha, 0.0)

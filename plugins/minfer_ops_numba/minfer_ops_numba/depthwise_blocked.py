@@ -39,7 +39,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from . import channels, team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, _value  # noqa: F401 (_value: compiled)
+from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, SWISH, _value  # noqa: F401 (_value: compiled)
 from .channels import LANES, drain, fill, lined, runs  # noqa: F401 (runs: compiled code calls it)
 from .depthwise import AFTER, applies, compiled_epilogue, finished, path
 from .team import NONE, NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
@@ -210,12 +210,13 @@ def cells_any(q, w, b, acc, offs, oh, ow, row, step):  # pragma: no cover - comp
 def units_of(x, w, bias, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, z, op, a, b):  # pragma: no cover
     """Units lo..hi of ``table`` (rows image, c0, c1): each unit's blocks (`block_sums`) and the fused op's
     epilogue (z: the residual flat, or none; the activation ``op``): without a residual the activation in
-    `block_sums`, else all of it by `team.finish` while the unit is in L2, as depthwise.py's."""
+    `block_sums` (Swish excepted: `taps16` has no code for it), else all of it by `team.finish` while the unit is
+    in L2, as depthwise.py's."""
     c, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
     for u in range(lo, hi):
         i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
-        if z.size == 0:  # no residual: the activation on the sums while in registers
+        if z.size == 0 and op != SWISH:  # no residual: the activation on the sums while in registers (`taps16`'s)
             block_sums(x[i], w, bias, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, op, a, b)
         else:
             block_sums(x[i], w, bias, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, a, b)

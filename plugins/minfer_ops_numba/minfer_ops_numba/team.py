@@ -44,8 +44,8 @@ import numpy as np
 from minfer_core import claim_threads, intra_op_threads
 
 from ._jit import jit, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .activation import (CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, ROUND, _value,  # noqa: F401
-                         round_bounds)  # (_value: compiled)
+from .activation import (CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, ROUND, SWISH, _swish,  # noqa: F401
+                         _value, round_bounds)  # (_value, _swish: compiled)
 
 ENV = "MINFER_NUMBA_TEAM"
 # How long an OpenMP thread spins for work (and the caller for its team at a loop's end) before it sleeps, unless
@@ -274,6 +274,7 @@ _FORMS = {
     "LeakyRelu": _leaky,
     "HardSigmoid": lambda p: (HARD_SIGMOID, p[0] if p else 0.2, p[1] if len(p) > 1 else 0.5),
     "HardSwish": lambda p: (HARD_SWISH, 1 / 6, 0.5),
+    "Swish": lambda p: (SWISH, p[0] if p else 1.0, 0.0),
     "QuantizeDequantize": _rounding,
 }
 
@@ -319,6 +320,9 @@ def _activate(y, lo, hi, op, a, b):  # pragma: no cover - compiled
     elif op == HARD_SWISH:
         for i in range(lo, hi):
             y[uintp(i)] = _value(y[uintp(i)], HARD_SWISH, a, b)
+    elif op == SWISH:
+        for i in range(lo, hi):
+            y[uintp(i)] = _swish(y[uintp(i)], a)
     else:
         for i in range(lo, hi):
             y[uintp(i)] = _value(y[uintp(i)], op, a, b)
