@@ -4,9 +4,9 @@ Fused nodes the passes create:
 
 - ``FusedConv(X, W, [B], [Z])``, ``FusedGemm(A, B, [C])``, ``FusedMatMul(A, B)``:
   the base op's attributes unchanged, plus ``activation`` (an ONNX op name:
-  Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh; absent or
-  empty: none) and ``activation_params`` (floats: alpha for LeakyRelu,
-  [min, max] for Clip, [alpha, beta] for HardSigmoid). FusedConv's optional
+  Relu, LeakyRelu, Clip, Sigmoid, HardSigmoid, HardSwish, Tanh, Swish; absent
+  or empty: none) and ``activation_params`` (floats: alpha for LeakyRelu and
+  Swish, [min, max] for Clip, [alpha, beta] for HardSigmoid). FusedConv's optional
   ``Z`` (the residual of a ResNet block) has exactly the output's shape and
   is added before the activation: ``activation(Conv(X, W, B) + Z)``. The
   kernel computes the base op with the *registered* kernel of the standard
@@ -110,6 +110,13 @@ def _hard_swish(y: np.ndarray, p: list[float]) -> None:
     y *= gate
 
 
+def _swish(y: np.ndarray, p: list[float]) -> None:
+    """y * Sigmoid(alpha * y), p = [alpha]: the Mul, Sigmoid and Mul it replaces, in their order."""
+    gate = np.multiply(y, y.dtype.type(p[0] if p else 1.0))
+    _sigmoid(gate, [])
+    y *= gate
+
+
 def _tanh(y: np.ndarray, p: list[float]) -> None:
     np.tanh(y, out=y)
 
@@ -131,6 +138,7 @@ ACTIVATIONS: dict[str, Callable[[np.ndarray, list[float]], None]] = {
     "HardSigmoid": _hard_sigmoid,
     "HardSwish": _hard_swish,
     "Tanh": _tanh,
+    "Swish": _swish,
     "QuantizeDequantize": _quantize_dequantize,
 }
 
@@ -205,7 +213,7 @@ def _with_epilogue(fn: Callable[..., Any], arity: int, held: dict[int, np.ndarra
 # which on the small tiles of MobileNets and PP-LCNet cost more in calls than in work. (minfer-ops-basic's own
 # in-place Relu, Clip and LeakyRelu go through their whole-tensor machinery: dearer per tile than these.)
 REGISTERED = {"Relu": (), "LeakyRelu": ("alpha",), "Clip": ("min", "max"), "HardSigmoid": ("alpha", "beta"),
-              "HardSwish": ()}
+              "HardSwish": (), "Swish": ("alpha",)}
 # activations whose params are the op's constant inputs after x, not attributes (Clip from opset 11: min, max)
 AS_INPUTS = {"Clip"}
 

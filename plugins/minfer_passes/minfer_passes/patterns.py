@@ -250,6 +250,8 @@ def matmul_add_to_gemm(draw: Any) -> Any:
 
 @st.composite
 def activation_fusion(draw: Any) -> Any:
+    """A Conv, Gemm or MatMul then an activation, or Swish as Sigmoid and Mul (`_swish`)."""
+    swish = has_kernels("Sigmoid", "Mul") and draw(st.booleans())
     b = GraphBuilder(opset=17)
     bases = ["Conv"] + [op for op in ("Gemm", "MatMul") if has_kernels(op)]
     base = draw(st.sampled_from(bases))
@@ -260,7 +262,22 @@ def activation_fusion(draw: Any) -> Any:
         m, k, n = (draw(st.integers(1, 4)) for _ in range(3))
         y = b.op(base, b.input((m, k)), b.const(draw(floats_array((k, n)))))
     expose(draw, b, y)
-    return _finish(b, _activation(draw, b, y, draw(st.sampled_from(ACTS))))
+    return _finish(b, draw(_swish(b, y)) if swish else _activation(draw, b, y, draw(st.sampled_from(ACTS))))
+
+
+@st.composite
+def _swish(draw: Any, b: GraphBuilder, y: str) -> str:
+    """y * Sigmoid(y) or y * Sigmoid(alpha * y), the Mul's operands in either order, alpha a 0-d or (1,) constant
+    on either side (fires), or of another shape, or with the gate read elsewhere (must not fire)."""
+    x = y
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(), (1,), (1,) * 5]))  # rank 5: the scaling broadcasts y up, not fusable
+        c = b.const(np.full(shape, draw(st.sampled_from([1.702, 0.5, -1.0])), np.float32))
+        x = b.op("Mul", *((y, c) if draw(st.booleans()) else (c, y)))
+    gate = b.op("Sigmoid", x)
+    if draw(st.integers(0, 3)) == 0:
+        b.output(gate)
+    return b.op("Mul", *((y, gate) if draw(st.booleans()) else (gate, y)))
 
 
 def _activation(draw: Any, b: GraphBuilder, y: str, act: str) -> str:

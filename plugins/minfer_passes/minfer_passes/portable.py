@@ -24,7 +24,7 @@ import numpy as np
 from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, fresh
-from .activation import activation_node
+from .activation import activation_nodes
 from .affine import expand_channel_affine
 from .elementwise import expand_elementwise
 from .gelu import expand_gelu
@@ -61,7 +61,7 @@ def _expand_fused(graph: Graph, node: Node) -> None:
         if t is not None and not last:
             graph.types[dst] = t
         if op == "act":
-            new.append(activation_node(graph, act, params, src, dst, name))
+            new.extend(activation_nodes(graph, act, params, src, dst, name))
         else:
             new.append(Node(op, [src, *extra], [dst], op_attrs, name, ""))
         src = dst
