@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from minfer_core import Pass, hookimpl
 
-from . import activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual, shapes
+from . import (activation, affine, algebra, control_flow, elimination, fusion, folding, gelu, layout, ops, portable, residual,
+               shapes, squeeze_excite)
 from . import layernorm, linear, pad_fusion, reshape_dims, softmax
 from . import elementwise, elementwise_kernel
 from . import integer, integer_matmul, lookup, qdq, qdq_exact, qdq_matmul, qdq_ops
@@ -79,6 +80,12 @@ PASSES = [
           after=("conv_bn_fusion", "affine_fusion", "identity_elimination"), rtol=1e-5, atol=1e-6),
     _pass(activation.activation_fusion, "extended", requires=TYPED,
           after=("conv_bn_fusion", "affine_fusion", "matmul_add_to_gemm"), rtol=1e-5, atol=1e-6),
+    # after activation_fusion (its convs' activations become the block's), before the passes that take its Mul
+    Pass("squeeze_excite_fusion", squeeze_excite.squeeze_excite_fusion, "extended", requires=TYPED,
+         after=("constant_folding", "identity_elimination", "activation_fusion", "conv_bn_fusion", "affine_fusion"),
+         before=("elementwise_fusion", "scalar_binary", "weighted_sum_fusion"), rtol=1e-5, atol=1e-6,
+         doc=(squeeze_excite.squeeze_excite_fusion.__doc__ or "").strip(),
+         patterns="minfer_passes.squeeze_excite:patterns"),
     Pass("channel_affine_fusion", affine.channel_affine_fusion, "all", requires=TYPED,
          after=("conv_bn_fusion", "affine_fusion"), rtol=1e-5, atol=1e-6,
          doc=(affine.channel_affine_fusion.__doc__ or "").strip(), patterns="minfer_passes.affine:patterns"),
@@ -132,13 +139,14 @@ PASSES = [
 
 @hookimpl
 def register_ops(register):
-    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS, linear.OPS, softmax.OPS, lookup.OPS)
+    register(ops.OPS, affine.OPS, gelu.OPS, elementwise.OPS, qdq_ops.OPS, linear.OPS, softmax.OPS, lookup.OPS,
+             squeeze_excite.OPS)
 
 
 @hookimpl
 def register_kernels(register):
     register(ops.KERNELS, affine.KERNELS, gelu.KERNELS, elementwise_kernel.KERNELS, qdq_ops.KERNELS, linear.KERNELS, softmax.KERNELS,
-             lookup.KERNELS)
+             lookup.KERNELS, squeeze_excite.KERNELS)
 
 
 @hookimpl

@@ -31,6 +31,7 @@ from .gelu import expand_gelu
 from .linear import expand_matmul_bias
 from .lookup import expand_lookup
 from .softmax import expand_masked_softmax
+from .squeeze_excite import expand_squeeze_excite
 from .ops import ARITY, BASE_OPS
 from .integer_lower import lower_integer
 from .integer_matmul import lower_integer_matmul
@@ -96,6 +97,7 @@ EXPANDERS = {
     "FusedMatMulBias": expand_matmul_bias,
     "MaskedSoftmax": expand_masked_softmax,
     "Lookup": expand_lookup,
+    "SqueezeExcite": expand_squeeze_excite,
 }
 
 
