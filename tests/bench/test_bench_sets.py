@@ -157,3 +157,17 @@ def test_a_short_run_measures_every_variant_in_its_own_cache_and_leaves_the_envi
     assert result["settings"]["minfer_cache"] == "new and empty"
     assert __import__("os").environ["MINFER_CACHE"] == str(tmp_path) and list(tmp_path.iterdir()) == []
     assert "| detector | real |" in benchmark.markdown(result["rows"], result["summary"], None)
+
+
+def test_kernel_ab_compares_with_and_without_a_pass(capsys):
+    """``--without-pass``: the second session is built without that pass (here the detector's Swish fusion), every
+    kernel installed; naming neither a kernel nor a pass, or both, is a usage error."""
+    from bench import kernel_ab
+
+    row = kernel_ab.compare(None, "detector", 1, 1, 1, without_pass="activation_fusion")
+    assert row["pass"] == "activation_fusion" and "kernel" not in row
+    assert row["with"] > 0 and row["without"] > 0
+    for argv in (["--models", "detector"], ["some:kernel", "--without-pass", "x", "--models", "detector"]):
+        with pytest.raises(SystemExit):
+            kernel_ab.main(argv)
+    assert "one of the two" in capsys.readouterr().err
