@@ -10,9 +10,8 @@ one step of a dozen numpy calls; here it is one compiled call (`_excite`):
 - each channel's sum in eight accumulators (a chain of dependent adds, as a
   plain loop, waits on the add's latency: numba does not reorder float sums),
   then divided by H x W;
-- the two products as rows of the transposed weights (held once, (C, M) and
-  (M, C)) added into the hidden values and the gate: an unbroken vector loop
-  each, no sums across lanes;
+- the two products as ``cblas_sgemm`` calls from compiled code (`team.gemm`)
+  on the weights transposed at build (held instead of them: ``packed``);
 - the activations by activation.py's formulas (team.py's `activation_form`
   codes: Relu, Clip, LeakyRelu, HardSigmoid, HardSwish, Swish; others leave
   the node to the numpy kernel);
@@ -40,6 +39,7 @@ DOMAIN = "ai.minfer"
 # from this many elements of X the pooling and the product split over a native team (team.py), as activation.py's
 # passes do: MobileNetV3-small's 8x16x56x56 block (400k) 94 us on one thread
 TEAM_SPLIT = 1 << 17
+SMALL_CALL, COLUMN_BLOCK = 1 << 19, 16  # linear.py's: OpenBLAS's small-matrix kernel up to ~5e5 multiply-adds
 
 
 @jit
@@ -77,21 +77,32 @@ def _pool(x, mean, r0, r1):  # pragma: no cover - compiled
 
 
 @jit
+def _products(address, a, w, y):  # pragma: no cover - compiled
+    """y (N, J) = a (N, K) @ w for w (K, J), in calls of at most about SMALL_CALL multiply-adds: OpenBLAS packs B
+    first above that, and for a few rows the packing is most of the time (linear.py's measurements)."""
+    n, k = a.shape
+    j = w.shape[1]
+    step = max(COLUMN_BLOCK, SMALL_CALL // max(n * k, 1) // COLUMN_BLOCK * COLUMN_BLOCK)
+    a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(y.ctypes.data)
+    for j0 in range(0, j, step):
+        gemm(address, n, min(step, j - j0), k, a0, k, w0 + 4 * j0, j, y0 + 4 * j0, j, np.float32(0))
+
+
+@jit
 def _gates(address, mean, w1, b1, w2, b2, gate, op1, a1, c1, op2, a2, c2):  # pragma: no cover - compiled
-    """gate (N, C) = act2(act1(mean @ w1^T + b1) @ w2^T + b2) for mean (N, C), w1 (M, C) and w2 (C, M) as given
-    (cblas' transposed B), b1 and b2 of M and C values or none: two ``cblas_sgemm`` calls (`team.gemm`: numpy's
-    BLAS, as the unfused 1x1 convs' products), the biases and activations after each."""
+    """gate (N, C) = act2(act1(mean @ w1 + b1) @ w2 + b2) for mean (N, C), w1 (C, M) and w2 (M, C) (the convs'
+    weights transposed at build: as given, cblas' transposed B, OpenBLAS took twice as long for 8 rows of 960 x
+    240), b1 and b2 of M and C values or none: ``cblas_sgemm`` calls (`team.gemm`: numpy's BLAS, as the unfused 1x1
+    convs' products), the biases and activations after each."""
     n, c = mean.shape
-    m = w1.shape[0]
+    m = w1.shape[1]
     hidden, sums = np.empty((n, m), np.float32), np.empty((n, c), np.float32)
-    gemm(address, n, m, c, np.int64(mean.ctypes.data), c, np.int64(w1.ctypes.data), -c, np.int64(hidden.ctypes.data),
-         m, np.float32(0))
+    _products(address, mean, w1, hidden)
     for i in range(n):
         for j in range(m):
             v = hidden[i, uintp(j)] + b1[uintp(j)] if b1.size else hidden[i, uintp(j)]
             hidden[i, uintp(j)] = _act(v, op1, a1, c1)
-    gemm(address, n, c, m, np.int64(hidden.ctypes.data), m, np.int64(w2.ctypes.data), -m, np.int64(sums.ctypes.data),
-         c, np.float32(0))
+    _products(address, hidden, w2, sums)
     for i in range(n):
         for ch in range(c):
             v = sums[i, uintp(ch)] + b2[uintp(ch)] if b2.size else sums[i, uintp(ch)]
@@ -163,15 +174,15 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 
 # inplace: each element of X is read (its channel's sum, then its product) before its element of Y is written
 @kernel(OP, domain=DOMAIN, since=1, priority=PRIORITY, prepare=True, out=True, inplace=(0,), views=False,
-        applies=_applies)
+        packed=(1, 3), applies=_applies)
 def squeeze_excite(ctx, *, inner_activation="", inner_activation_params=None, activation="", activation_params=None):
     """ai.minfer::SqueezeExcite-1 (float32): the block in one compiled call (the module docstring)."""
     consts = tuple(ctx.constants) + (None,) * 5
     w1, w2 = consts[1], consts[3]
     address = team.gemm_address()
     globals()["gemm"] = team.install()  # before the functions compile: compiled code looks the name up here
-    w1m = readonly(np.ascontiguousarray(w1.reshape(w1.shape[0], -1)))  # views of the constants as given
-    w2m = readonly(np.ascontiguousarray(w2.reshape(w2.shape[0], -1)))
+    w1m = readonly(np.ascontiguousarray(w1.reshape(w1.shape[0], -1).T))  # (C, M) and (M, C): held instead (packed)
+    w2m = readonly(np.ascontiguousarray(w2.reshape(w2.shape[0], -1).T))
     none = readonly(np.zeros(0, F32))
     b1 = none if consts[2] is None else readonly(np.ascontiguousarray(consts[2].reshape(-1)))
     b2 = none if consts[4] is None else readonly(np.ascontiguousarray(consts[4].reshape(-1)))

@@ -117,16 +117,17 @@ def _matrix(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(w.shape[0], -1).T)
 
 
-def _checked(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> None:
-    if x.ndim != 4 or w1.ndim != 4 or w2.ndim != 4 or w1.shape[1:] != (x.shape[1], 1, 1) \
-            or w2.shape[1:] != (w1.shape[0], 1, 1) or w2.shape[0] != x.shape[1]:
+def _checked(x: np.ndarray, m1: np.ndarray, m2: np.ndarray) -> None:
+    """X (N, C, H, W) against the weights as matrices, (C, M) and (M, C)."""
+    if x.ndim != 4 or m1.shape[0] != x.shape[1] or m2.shape != (m1.shape[1], x.shape[1]):
         raise ValueError(f"SqueezeExcite: X {list(x.shape)} needs W1 (M, C, 1, 1) and W2 (C, M, 1, 1); got "
-                         f"{list(w1.shape)} and {list(w2.shape)}")
+                         f"{[m1.shape[1], m1.shape[0], 1, 1]} and {[m2.shape[1], m2.shape[0], 1, 1]}")
 
 
 # views=False: the result is the planned buffer or a fresh array; inplace: each element of X is read (by the mean,
-# then once by the product) before its element of the output is written
-@kernel(OP, domain=MINFER_DOMAIN, prepare=True, out=True, inplace=(0,), views=False)
+# then once by the product) before its element of the output is written; packed: constant weights are held as the
+# matrices the products take (the engine frees the originals: every SqueezeExcite kernel holds its own)
+@kernel(OP, domain=MINFER_DOMAIN, prepare=True, out=True, inplace=(0,), views=False, packed=(1, 3))
 def squeeze_excite(ctx: Any, *, inner_activation: str = "", inner_activation_params: list[float] | None = None,
                    activation: str = "", activation_params: list[float] | None = None) -> Any:
     """ai.minfer::SqueezeExcite-1: X * act2(W2 @ act1(W1 @ mean(X) + B1) + B2), one call of numpy steps."""
@@ -138,17 +139,17 @@ def squeeze_excite(ctx: Any, *, inner_activation: str = "", inner_activation_par
     consts = tuple(ctx.constants) + (None,) * 5
     held = {i: _matrix(consts[i]) for i in (1, 3) if consts[i] is not None}  # the constants as matrices, once
 
-    def run(x: np.ndarray, w1: np.ndarray, b1: np.ndarray | None = None, w2: np.ndarray | None = None,
+    def run(x: np.ndarray, w1: np.ndarray | None, b1: np.ndarray | None = None, w2: np.ndarray | None = None,
             b2: np.ndarray | None = None, *, out: np.ndarray | None = None) -> np.ndarray:
-        if w2 is None:
+        m1 = held[1] if w1 is None or w1 is consts[1] else _matrix(w1)  # None: the engine freed the packed constant
+        if w2 is None and 3 not in held:
             raise ValueError("SqueezeExcite: W2 (its fourth input) is required")
-        _checked(x, w1, w2)
+        m2 = held[3] if w2 is None or w2 is consts[3] else _matrix(w2)
+        _checked(x, m1, m2)
         n, c = x.shape[:2]
         y = np.empty(x.shape, x.dtype) if out is None else out
         if x.size == 0:
             return y
-        m1 = held[1] if w1 is consts[1] else _matrix(w1)
-        m2 = held[3] if w2 is consts[3] else _matrix(w2)
         with np.errstate(over="ignore"):
             mean = np.add.reduce(x.reshape(n, c, -1), axis=2)
             np.divide(mean, x.dtype.type(x.shape[2] * x.shape[3]), out=mean)
