@@ -5,7 +5,9 @@ PP-LCNet's SE blocks: Y = X * act2(W2 @ act1(W1 @ mean(X) + B1) + B2), the
 mean over each channel's H x W. Unfused, a block was four steps (a pooling,
 two 1x1 convs on the pooled map, a Mul) of a few microseconds of work each,
 most of their time the steps' own calls; minfer-passes' numpy kernel makes it
-one step of a dozen numpy calls; here it is one compiled call (`_excite`):
+one step of a dozen numpy calls; here it is one compiled call (`_excite`;
+`_excite_team` from TEAM_SPLIT elements, the pooling's and the product's
+rows over a native team):
 
 - each channel's sum in eight accumulators (a chain of dependent adds, as a
   plain loop, waits on the add's latency: numba does not reorder float sums),
@@ -17,8 +19,9 @@ one step of a dozen numpy calls; here it is one compiled call (`_excite`):
   the node to the numpy kernel);
 - the gate's product over X, in place when the engine gives X's memory.
 
-The sums' order differs from the numpy kernel's (BLAS row sums, BLAS
-products): within float32 rounding of it (tests/plugins/test_numba_squeeze.py).
+The sums' order differs from the numpy kernel's (numpy's pairwise row sums,
+its matmul's products): within float32 rounding of it
+(tests/plugins/test_numba_squeeze.py).
 """
 
 from __future__ import annotations
