@@ -81,6 +81,17 @@ def test_what_must_not_fuse(case):
     assert not changed and not any(n.op_type == "SqueezeExcite" for n in graph.nodes)
 
 
+def test_float16_stays_unfused():
+    """A float16 block is left to the standard kernels (the fused ones would pool in float16)."""
+    model = se_model()
+    for t in (*model.graph.input, *model.graph.output):
+        t.type.tensor_type.elem_type = 10  # FLOAT16
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16), init.name))
+    _, graph, changed = fused(model)
+    assert not changed
+
+
 def test_whole_engine_matches_onnxruntime():
     """Every pass, the installed kernels (minfer-ops-numba's when installed): onnxruntime's values."""
     model = se_model(shape=(2, C, 7, 7))

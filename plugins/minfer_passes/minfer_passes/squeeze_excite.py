@@ -6,7 +6,7 @@ GlobalAveragePool(X))))), each Conv a 1x1 kernel on the 1x1 pooled map
 (group 1, no pads, constant weights, a constant bias or none, no residual)
 plain or a FusedConv with any activation; the pooled mean, the hidden
 values and s each read by the next node alone and none a graph output, X
-float of rank 4. A block computes four tiny steps (a pooling, two products
+float32 or float64 of rank 4. A block computes four tiny steps (a pooling, two products
 of a few hundred values, the gate's product over X): the engine's per-step
 cost, not the work, is most of their time.
 
@@ -29,11 +29,13 @@ import numpy as np
 
 from minfer_core import Graph, Node, kernel, op, same_as_input
 
-from ._util import FLOATS, MINFER_DOMAIN, const, dtype_of, fresh, has_kernel, is_op, other_input
+from ._util import MINFER_DOMAIN, const, dtype_of, fresh, has_kernel, is_op, other_input
 from .activation import activation_nodes
 from .ops import ACTIVATIONS
 
 OP = "SqueezeExcite"
+# float16 stays unfused: the kernels here would pool and multiply in float16, where the standard kernels widen
+WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 
 # ---- the pass ------------------------------------------------------------------------------
 
@@ -67,7 +69,7 @@ def _block(graph: Graph, pool: Node) -> tuple[list[Node], list[str], dict[str, A
         return None
     x = pool.inputs[0]
     t = graph.type_of(x)
-    if t is None or t.shape is None or len(t.shape) != 4 or not isinstance(t.shape[1], int) or t.dtype not in FLOATS:
+    if t is None or t.shape is None or len(t.shape) != 4 or not isinstance(t.shape[1], int) or t.dtype not in WIDE:
         return None
     c = t.shape[1]
     outputs = set(graph.outputs)
