@@ -18,9 +18,9 @@ C, HIDDEN = 12, 4
 
 
 def se_model(*, shape=(2, C, 5, 7), gate="HardSigmoid", bias=True, group=1, pads=None, expose=None,
-             other_mul=False, opset=17):
+             other_mul=False, opset=17, silu=False):
     """x -> Relu -> SE block (GAP, 1x1 Conv + Relu, 1x1 Conv + ``gate``, Mul) -> Neg; ``expose``: a value of the
-    block also made a graph output."""
+    block also made a graph output; ``silu``: the first conv's activation x * Sigmoid(x) (EfficientNet's)."""
     rng = np.random.default_rng(3)
     c = shape[1]
     inits = [numpy_helper.from_array((rng.standard_normal((HIDDEN, c // group, 1, 1)) * 0.5).astype(np.float32), "w1"),
@@ -33,7 +33,8 @@ def se_model(*, shape=(2, C, 5, 7), gate="HardSigmoid", bias=True, group=1, pads
     gate_attrs = {"alpha": 1 / 6, "beta": 0.5} if gate == "HardSigmoid" else {}
     nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["p"]),
              helper.make_node("Conv", ["p", "w1"] + (["b1"] if bias else []), ["h0"], kernel_shape=[1, 1], **conv1),
-             helper.make_node("Relu", ["h0"], ["h"]),
+             *([helper.make_node("Sigmoid", ["h0"], ["hs"]), helper.make_node("Mul", ["h0", "hs"], ["h"])] if silu
+               else [helper.make_node("Relu", ["h0"], ["h"])]),
              helper.make_node("Conv", ["h", "w2"] + (["b2"] if bias else []), ["g0"], kernel_shape=[1, 1]),
              helper.make_node(gate, ["g0"], ["g"], **gate_attrs),
              helper.make_node("Mul", ["other" if other_mul else "r", "g"], ["m"]), helper.make_node("Neg", ["m"], ["y"])]
@@ -92,11 +93,14 @@ def test_float16_stays_unfused():
     assert not changed
 
 
-def test_whole_engine_matches_onnxruntime():
-    """Every pass, the installed kernels (minfer-ops-numba's when installed): onnxruntime's values."""
-    model = se_model(shape=(2, C, 7, 7))
+@pytest.mark.parametrize("silu, gate", [(False, "HardSigmoid"), (True, "Sigmoid")])
+def test_whole_engine_matches_onnxruntime(silu, gate):
+    """Every pass, the installed kernels (minfer-ops-numba's when installed): onnxruntime's values, for
+    MobileNetV3's block and EfficientNet's (SiLU inside, fused as the first conv's Swish; a Sigmoid gate)."""
+    model = se_model(shape=(2, C, 7, 7), silu=silu, gate=gate)
     engine = Engine(model)
-    assert sum(n.op_type == "SqueezeExcite" for n in engine.graph.nodes) == 1
+    [se] = [n for n in engine.graph.nodes if n.op_type == "SqueezeExcite"]
+    assert (se.attrs["inner_activation"], se.attrs["activation"]) == ("Swish" if silu else "Relu", gate)
     x = np.random.default_rng(4).standard_normal((2, C, 7, 7)).astype(np.float32)
     np.testing.assert_allclose(engine.run(None, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
 
