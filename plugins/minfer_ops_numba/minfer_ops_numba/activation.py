@@ -72,13 +72,10 @@ BOUND, SPAN = 2048, 4096
 
 
 # Swish's exp(m) for m in [-104, 0]: n = round(m / ln 2), r = m - n ln 2 (ln 2 in two parts: r exact), e^r = 1 + r +
-# r^2 q(r), times 2^n as two factors 2^(n >> 1) and 2^(n - (n >> 1)), each a normal float32 made from its exponent
-# bits (n down to -150: results below 2^-149 flush to 0, as float32's). elementwise.py's EXP_CONSTANTS, its fit
-_L2E, _LN2HI, _LN2LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
-_EXP_LO, _HALF, _ONE, _ZERO = np.float32(-104.0), np.float32(0.5), np.float32(1), np.float32(0)
-_P0, _P1, _P2, _P3, _P4, _P5 = (np.float32(c) for c in (1.9790357328020036e-4, 1.3944649836048484e-3,
-                                                        8.333496749401093e-3, 4.166629537940025e-2,
-                                                        0.1666666567325592, 0.5))
+# r^2 q(r) with elementwise.py's constants (EXP_CONSTANTS: _L2E, _LN2HI, _LN2LO, _EXP_LO, _P0.._P5, set by
+# `install_intrinsics`), times 2^n as two factors 2^(n >> 1) and 2^(n - (n >> 1)), each a normal float32 made from its
+# exponent bits (n down to -150: results below 2^-149 flush to 0, as float32's)
+_HALF, _ONE, _ZERO = np.float32(0.5), np.float32(1), np.float32(0)
 _BIAS = np.int32(127)
 
 
@@ -89,9 +86,17 @@ def _f32_from_bits(bits):  # pragma: no cover - replaced
 
 
 def install_intrinsics() -> None:
-    """Make `_f32_from_bits` numba's intrinsic (numba is imported now: never at import, _jit.py's docstring)."""
+    """Make `_f32_from_bits` numba's intrinsic (numba is imported now: never at import, _jit.py's docstring), and
+    set `_swish`'s exp constants from elementwise.py's one definition (imported here, not at the top: elementwise.py
+    imports team.py, which imports this module)."""
     if getattr(_f32_from_bits, "_is_intrinsic", False):
         return
+    from .elementwise import EXP_CONSTANTS
+
+    names: dict[str, Any] = {"np": np}
+    exec(EXP_CONSTANTS, names)
+    globals().update({k: names[k] for k in ("_L2E", "_LN2HI", "_LN2LO", "_EXP_LO")})
+    globals().update(zip(("_P0", "_P1", "_P2", "_P3", "_P4", "_P5"), names["_EXP_P"]))
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
@@ -213,7 +218,7 @@ def _in_place(y, op, a, b):  # pragma: no cover - compiled
     """y = op(y) for a 2-D y whose rows are contiguous (any row stride): the loop vectorizes then."""
     for r in range(y.shape[0]):
         row = y[uintp(r)]
-        if op == SWISH and row.strides[0] == 4:
+        if op == SWISH and row.strides[0] == 4:  # Swish's own loops (`_value` leaves it out), contiguous as below
             for i in range(row.size):
                 row[uintp(i)] = _swish(row[uintp(i)], a)
         elif op == SWISH:
