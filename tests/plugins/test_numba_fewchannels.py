@@ -38,10 +38,19 @@ CASES = [  # (N, C, H, W), output channels, attributes, bias
 ]
 
 
+@pytest.fixture(params=["direct", "gemm"])
+def method(request, monkeypatch):
+    """Each test on the direct loop (stem_rows.py; the GEMM still takes mixed strides) and on the im2col + GEMM
+    alone (as where the direct loop's intrinsic cannot be built)."""
+    if request.param == "gemm":
+        monkeypatch.setattr(fewchannels.direct, "fits", lambda *a: False)
+    return request.param
+
+
 @pytest.mark.parametrize("xs,m,attrs,bias", CASES)
-def test_few_channel_conv_matches_onnx_reference(xs, m, attrs, bias):
-    """The compiled im2col + GEMM gives onnx's reference Conv within float32 rounding for 1-4 input
-    channels, strides 1 and 2 (mixed too), explicit, asymmetric and automatic pads, batch 2, with or without
+def test_few_channel_conv_matches_onnx_reference(xs, m, attrs, bias, method):
+    """The direct loop and the compiled im2col + GEMM give onnx's reference Conv within float32 rounding for 1-4
+    input channels, strides 1 and 2 (mixed too), explicit, asymmetric and automatic pads, batch 2, with or without
     a bias, into a fresh array or the engine's buffer."""
     x, w, b = case(xs, m, bias)
     ctx = context(x, w, b)
@@ -58,7 +67,7 @@ def test_few_channel_conv_matches_onnx_reference(xs, m, attrs, bias):
 
 @pytest.mark.parametrize("xs", [(1, 3, 40, 40), (2, 3, 40, 40), (1, 3, 2, 40)])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_epilogue_runs_once_per_element_on_one_or_two_threads(monkeypatch, xs, threads):
+def test_epilogue_runs_once_per_element_on_one_or_two_threads(monkeypatch, xs, threads, method):
     """Cut in bands (several an image: small units, and split between two threads) or not, every output
     element is finished by the epilogue exactly once, after its sum is complete."""
     monkeypatch.setattr(fewchannels, "UNIT_BYTES", 28 * 4 * 64)  # bands of 3 rows of 20 outputs
@@ -118,22 +127,22 @@ def test_a_stem_node_is_timed_against_numpys_conv():
     assert any(k.plugin == "minfer-ops-conv" for k in found)
 
 
-@pytest.mark.parametrize("activation", ["HardSwish", "Clip"])
-def test_fused_stem_runs_the_kernel_and_matches_onnxruntime(monkeypatch, activation):
-    """A stem Conv + HardSwish (MobileNetV3) or Conv + Clip(0, 6) (MobileNetV2) block, fused into FusedConv,
-    runs this kernel inside it when taken first (no timing; above smallconv's bound) and gives onnxruntime's
-    outputs at batch 2. (Its parallel_for path, whose im2col calls the spy sees: on a native team they happen in
-    compiled code, tests/plugins/test_team_kernels.py.)"""
+@pytest.mark.parametrize("method", ["direct", "gemm"])
+@pytest.mark.parametrize("activation", ["HardSwish", "Clip", "Sigmoid"])
+def test_fused_stem_runs_the_kernel_and_matches_onnxruntime(monkeypatch, activation, method):
+    """A stem Conv + HardSwish (MobileNetV3), Conv + Clip(0, 6) (MobileNetV2) or Conv + Sigmoid (no form in the
+    direct loop's registers: the epilogue applies it) block, fused into FusedConv, runs this kernel inside it when
+    taken first (no timing; above smallconv's bound), by the direct loop or, where that cannot be built, the im2col
+    and GEMM, and gives onnxruntime's outputs at batch 2. (Its parallel_for path, whose calls the spy sees: on a
+    native team they happen in compiled code, tests/plugins/test_team_kernels.py.)"""
     from minfer_ops_numba import team
 
     monkeypatch.setenv("MINFER_TUNE", "0")
     monkeypatch.setenv(team.ENV, "0")
     monkeypatch.setattr(team, "_state", {})
     monkeypatch.setattr(team, "gemm_address", lambda: 0)  # smallconv's Python path only: its 4M bound holds
-    calls: list[int] = []
-    real = fewchannels.im2col
-    monkeypatch.setattr(fewchannels, "im2col", lambda x, work, cols, geo: calls.append(int(geo[0]))
-                        or real(x, work, cols, geo))
+    if method == "gemm":
+        monkeypatch.setattr(fewchannels.direct, "fits", lambda *a: False)
     x, w, b = case((2, 3, 224, 224), 32, seed=5)
     inits = [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")]
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], kernel_shape=[3, 3], pads=[1, 1, 1, 1],
@@ -142,11 +151,47 @@ def test_fused_stem_runs_the_kernel_and_matches_onnxruntime(monkeypatch, activat
         inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in (("lo", 0.0), ("hi", 6.0))]
         nodes.append(helper.make_node("Clip", ["conv", "lo", "hi"], ["y"]))
     else:
-        nodes.append(helper.make_node("HardSwish", ["conv"], ["y"]))
+        nodes.append(helper.make_node(activation, ["conv"], ["y"]))
     model = make_model(nodes, [tensor("x", list(x.shape))], [tensor("y", [2, 32, 112, 112])], inits)
     engine = Engine(model)
     assert [spec.kernel.op_type for spec in engine.program.specs] == ["FusedConv"]
-    calls.clear()
+    # spied after the build, which compiled the module (compiling puts its functions back in its namespace)
+    calls: list[int] = []
+    if method == "direct":
+        real = fewchannels.stem_rows
+        monkeypatch.setattr(fewchannels, "stem_rows", lambda x, n, *rest: calls.append(int(n)) or real(x, n, *rest))
+    else:
+        real = fewchannels.im2col
+        monkeypatch.setattr(fewchannels, "im2col", lambda x, work, cols, geo: calls.append(int(geo[0]))
+                            or real(x, work, cols, geo))
     got = engine.run(None, {"x": x})[0]
     assert sorted(set(calls)) == [0, 1]  # both images, through this kernel
     np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation, params", [("Relu", ()), ("Clip", (0.0, 6.0)), ("LeakyRelu", (0.1,)),
+                                                ("HardSigmoid", (0.2, 0.5)), ("HardSwish", ()), ("Swish", (1.0,))])
+@pytest.mark.parametrize("residual", [False, True])
+def test_direct_loop_applies_the_fused_activation_as_the_epilogue_does(activation, params, residual):
+    """The direct loop's activation in registers (or, for one it has no code for, and after a residual, the
+    epilogue's) gives the numpy epilogue's values: every activation with a compiled form, with and without a
+    residual, an output width that leaves a partial vector (19 columns)."""
+    from minfer_passes import ops as fused_ops
+
+    x, w, b = case((1, 3, 37, 38), 12, seed=7)
+    attrs = dict(strides=[2, 2], pads=[1, 1, 1, 1])
+    run = fewchannels.conv.prepared(context(x, w, b), attrs)
+    base = reference(x, w, b, attrs)
+    z = np.random.default_rng(8).standard_normal(base.shape, dtype=np.float32) if residual else None
+    want = base + z if residual else base.copy()
+    fused_ops.ACTIVATIONS[activation](want, list(params))
+
+    def epilogue(y, region):
+        part = y[region]
+        if z is not None:
+            np.add(part, z[region], out=part)
+        fused_ops.ACTIVATIONS[activation](part, list(params))
+
+    epilogue.spec = (activation, tuple(params), z)
+    got = run(x, None, None, out=np.full(base.shape, np.nan, np.float32), epilogue=epilogue)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -116,9 +116,13 @@ STEM_EPILOGUES = {"none": None, "Clip-0-6": ("Clip", (0.0, 6.0), False), "HardSw
 
 @pytest.mark.parametrize("shape, m, s", STEMS)
 @pytest.mark.parametrize("epilogue", STEM_EPILOGUES)
-def test_stem_conv_team_path_gives_the_parallel_for_bits(monkeypatch, shape, m, s, epilogue):
-    """The stem conv over a native team (im2col, BLAS GEMM, compiled epilogue) gives parallel_for's path's bits."""
+@pytest.mark.parametrize("method", ["direct", "gemm"])
+def test_stem_conv_team_path_gives_the_parallel_for_bits(monkeypatch, shape, m, s, epilogue, method):
+    """The stem conv over a native team (the direct loop, or the im2col and BLAS GEMM where it cannot be built;
+    the activation in the loop's registers or by the compiled epilogue) gives parallel_for's path's bits."""
     monkeypatch.setattr(fewchannels, "TEAM_SPLIT_MACS", 0)  # every shape splits over the team
+    if method == "gemm":
+        monkeypatch.setattr(fewchannels.direct, "fits", lambda *a: False)
     rng = np.random.default_rng(sum(shape) + m)
     x = rng.standard_normal(shape, dtype=np.float32)
     w = rng.standard_normal((m, shape[1], 3, 3), dtype=np.float32)
@@ -129,7 +133,7 @@ def test_stem_conv_team_path_gives_the_parallel_for_bits(monkeypatch, shape, m, 
     found = STEM_EPILOGUES[epilogue]
     z = rng.standard_normal(out_shape, dtype=np.float32) * 3 if found and found[2] else None
     ep = fused_epilogue(found[0], found[1], z, out_shape) if found else None
-    calls = spy(monkeypatch, fewchannels, "drive")
+    calls = spy(monkeypatch, fewchannels, "drive_direct" if method == "direct" else "drive")
     want, got = both_paths(monkeypatch, lambda: run(x, w, b, out=np.full(out_shape, np.nan, np.float32), epilogue=ep))
     assert len(calls) == 1
     same_bits(got, want)
@@ -142,9 +146,9 @@ def test_stem_conv_without_a_compiled_epilogue_keeps_parallel_for(monkeypatch):
     run = fewchannels.conv.prepared(context("Conv", [x, w], (None, w)), dict(kernel_shape=[3, 3], strides=[2, 2],
                                                                              pads=[1, 1, 1, 1]))
     relu = lambda y, region: np.maximum(y[region], 0, out=y[region])  # noqa: E731
-    calls = spy(monkeypatch, fewchannels, "drive")
+    calls, direct_calls = spy(monkeypatch, fewchannels, "drive"), spy(monkeypatch, fewchannels, "drive_direct")
     want, got = both_paths(monkeypatch, lambda: run(x, w, epilogue=relu))
-    assert not calls
+    assert not calls and not direct_calls
     same_bits(got, want)
 
 

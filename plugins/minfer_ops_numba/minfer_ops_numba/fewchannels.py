@@ -1,27 +1,31 @@
-"""Conv of a network's stem (at most 4 input channels, 3x3, stride 1 or 2): a compiled im2col + one BLAS GEMM.
+"""Conv of a network's stem (at most 4 input channels, 3x3, stride 1 or 2): a direct vector loop, or a compiled
+im2col + one BLAS GEMM.
 
 The stem of MobileNets, PP-LCNet and the OCR detector (1x3x224x224 -> 32x112x112, 3x3 stride 2) has 27
-multiply-adds an output, so its GEMM is skinny (K = 27) and the im2col copy is a large share of the work:
+multiply-adds an output, so a GEMM would be skinny (K = 27) and its im2col copy a large share of the work:
 numpy's Conv copies strided windows of a padded input (365 us in MobileNetV2 against onnxruntime's 149, one
-thread), and smallconv.py (for convs up to 4M multiply-adds) copies each tap's row with a strided read at
-stride 2. Here, per band of one image's output rows, one compiled call writes the im2col (`im2col`: each
-input row's three taps in one pass, reading its two column phases together), and one GEMM multiplies the
-weights, the bias as their last column (against a row of ones), into the band's rows of the output, where the
-fused op's epilogue finishes them while they are still in cache.
+thread). Per band of one image's output rows, this kernel runs stem_rows.py's direct loop where its intrinsic
+can be built (equal strides; numba's LLVM 17 or later): every output channel of 16 output columns from the
+C*9 input vectors held in registers, four channels' chains of fused multiply-adds at a time, the fused op's
+activation applied before the store where it has a vector form (team.py's codes but Swish and the rounding),
+else by the epilogue after the band. Measured, one thread, no epilogue: 224x224 -> 16 channels 114-130 us
+against 278 for the im2col + GEMM, -> 32 226 against 383, 320x320 -> 8 155 against 276; in the models, on
+two threads with the fused activation: MobileNetV2's stem 199 us against 326, MobileNetV3-small's 110 against
+178, the OCR detector's 187 against 389.
 
-Measured on the 224x224 stem (one thread, loaded host, no epilogue, in-process A/B): 150-170 us against
-220-250 for numpy's Conv and 180-210 for smallconv.py's (its bound lifted); the im2col takes ~45 of them.
-Splitting the rows into zero-bordered phase planes first (phases.py's layout; each im2col row then a
-contiguous copy) took 46-50 us for the im2col against 43-44 this way. Computing the sums directly instead
-(four output channels a pass over phase planes, vectorized over the outputs, no GEMM) took 240-270: that
-loop ran at ~75% of the FP pipes' peak but OpenBLAS's sgemm runs faster; one pass over all 27 taps (the
-weights spill) and fused multiply-adds were slower still. The GEMM also won at 16 and 8 output channels
-(MobileNetV3, the OCR detector's 320x320 stem): 137-165 us against 176-211 for the direct sums.
+Elsewhere (mixed strides, an older LLVM), one compiled call writes the band's im2col (`im2col`: each input
+row's three taps in one pass, reading its two column phases together), and one GEMM multiplies the weights,
+the bias as their last column (against a row of ones), into the band's rows of the output, where the fused
+op's epilogue finishes them while they are still in cache. Measured on the 224x224 stem (one thread, no
+epilogue): 150-170 us against 220-250 for numpy's Conv; the im2col ~45 of them. Splitting the rows into
+zero-bordered phase planes first took 46-50 us for the im2col against 43-44 this way; computing the sums
+directly in plain compiled loops (four output channels a pass over phase planes, vectorized over the outputs)
+took 240-270 (the loads and the one-channel chains: stem_rows.py's intrinsic keeps the inputs in registers).
 
-Where a native team runs (team.py) and the epilogue has a compiled form, a compiled driver (`drive`) runs the
-bands over numba's threads instead of parallel_for: the same im2col, the same BLAS GEMM (`team.gemm`, numpy's
-OpenBLAS called from compiled code) and the epilogue by `team.finish`, so the same bits; its hand-over costs about
-a microsecond against parallel_for's ~60 us, so smaller stems split too (`TEAM_SPLIT_MACS`).
+Where a native team runs (team.py) and the epilogue has a compiled form, a compiled driver (`drive_direct`, or
+`drive` for the GEMM: numpy's OpenBLAS called from compiled code, `team.gemm`) runs the bands over numba's
+threads instead of parallel_for, with the same bits; its hand-over costs about a microsecond against
+parallel_for's ~60 us, so smaller stems split too (`TEAM_SPLIT_MACS`).
 """
 
 from __future__ import annotations
@@ -33,11 +37,15 @@ import numpy as np
 
 from minfer_core import intra_op_threads, kernel, parallel_for, scratch, spmd
 
+from . import stem_rows as direct
 from . import team
 from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
-from .team import NOTHING, finish, prange  # noqa: F401 (finish, prange: the driver's, compiled)
+from .stem_rows import stem_rows  # noqa: F401 (the direct driver's, compiled)
+from .team import NONE, NOTHING, finish, prange  # noqa: F401 (NONE, finish, prange: the drivers', compiled)
 from .window import window
 
+F32_ZERO = np.float32(0)
+NO_OP = (NONE, F32_ZERO, F32_ZERO)  # stem_rows' (op, a, b) for no activation
 MAX_CHANNELS = 4  # input channels: with more, a plain im2col's copy is a smaller share of the work
 # a band's im2col takes at most this much (4096 columns at 3 channels), so that it and the band's output rows
 # stay in L2 (1 MB a core here) from the copy through the GEMM to the epilogue. The 224x224 stem with a
@@ -124,6 +132,22 @@ def drive(address, xs, packed, y, z, table, rows, cols, op, a, b):  # pragma: no
             finish(yf, z, at, m, columns, ohw, NOTHING, 0, op, a, b)
 
 
+@jit(parallel=True)
+def drive_direct(xs, packed, y, z, table, parts, op, a, b):  # pragma: no cover - compiled
+    """`drive` for the direct loop (stem_rows.py): a band's rows of every channel, its activation in stem_rows'
+    registers, or the epilogue by `team.finish` after it; y (N, M, OH, OW)."""
+    m, ohw = y.shape[1], y.shape[2] * y.shape[3]
+    yf, count = y.reshape(-1), table.shape[0]
+    for t in prange(parts):
+        for u in range(count * t // parts, count * (t + 1) // parts):
+            geo = table[u]
+            i, r0, r1, sh, ph, pw, ow = geo[0], geo[1], geo[2], geo[3], geo[5], geo[6], geo[7]
+            # the activation in registers where there is no residual to add first and stem_rows has its code
+            done = stem_rows(xs, i, packed, y, r0, r1, sh, ph, pw, op if z.size == 0 else NONE, a, b)
+            if z.size > 0 or not done:
+                finish(yf, z, i * m * ohw + r0 * ow, m, (r1 - r0) * ow, ohw, NOTHING, 0, op, a, b)
+
+
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     """A 2-D float32 conv of one group with at most MAX_CHANNELS input channels, a constant 3x3 float32 weight
     (and bias), strides 1 or 2, no dilation and non-negative pads."""
@@ -152,6 +176,9 @@ class Node:
         self.packed = np.concatenate([w.reshape(m, -1), bias], axis=1, dtype=np.float32)
         self.pads, self.auto_pad = pads, auto_pad
         self.strides = tuple(int(v) for v in strides or (1, 1))
+        # the direct loop (stem_rows.py) where it can run: 2-2.5x the im2col + GEMM's speed on one thread (224x224
+        # -> 16 channels 122-130 us against 278, -> 32 226 against 383, 320x320 -> 8 155 against 276)
+        self.direct = direct.fits(w.shape[1], (3, 3), self.strides)
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
         self.work: dict[tuple[int, ...], int] = {}
 
@@ -198,20 +225,22 @@ _DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=Tr
 
 @kernel("Conv", since=1, priority=PRIORITY, **_DECLARED)
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
-    """Conv-1/11/22 of at most 4 input channels, 3x3 (see `applies`): phase-plane im2col, one BLAS GEMM a band."""
+    """Conv-1/11/22 of at most 4 input channels, 3x3 (see `applies`): the direct loop, or an im2col and one BLAS
+    GEMM, a band at a time."""
     node = Node(ctx, auto_pad, pads, strides)
     packed, plans = node.packed, node.plans
     address = team.gemm_address() if team.available() else 0
     if address:
         globals()["gemm"] = team.install()  # before `drive` compiles: it looks the name up here
-    _warm(node, ctx.input_types[0].shape, address)
+    teams = bool(address) or (node.direct and team.available())  # the direct driver calls no BLAS
+    _warm(node, ctx.input_types[0].shape, address, teams)
 
     def path(x: np.ndarray, epilogue: Any) -> tuple[int, tuple[Any, ...] | None]:
         """The threads to cut a run's bands for, and the epilogue's (z, op, a, b) when they are a native team's
         (`drive`'s path), else None. The team is asked for last, and only where the stem splits over it: asking
         claims the run's threads (team.py)."""
         threads = intra_op_threads()
-        if not address or threads < 2 or node.macs(x.shape) < TEAM_SPLIT_MACS:
+        if not teams or threads < 2 or node.macs(x.shape) < TEAM_SPLIT_MACS:
             return threads, None
         fused = team.PLAIN if epilogue is None else team.native(epilogue)
         if fused is None:
@@ -233,6 +262,10 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         if native is not None and parts > 1 and team.fits(native[0], shape):
             z, op, a, c = native
             z = NOTHING if z is None else readonly(z.reshape(-1))
+            if node.direct:
+                parallel_for(1, lambda lo, hi: drive_direct(xs, packed, y, z, table, parts, op, a, c), parts=1,
+                             outputs_only=True)
+                return y
             rows = scratch("fewchannels-team-row", (parts, need), np.float32)
             cols = scratch("fewchannels-team-cols", (parts, max(math.prod(s) for _, s, _, _ in made)), np.float32)
             # one range, which the driver splits itself: a process team's ranks still write y only in here
@@ -240,7 +273,16 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
                          outputs_only=True)
             return y
 
+        form = team.PLAIN if epilogue is None else team.native(epilogue) if node.direct else None
+        inner = None if form is None or form[3] is not None else form[:3]  # None: the epilogue does it all
+
         def span(lo: int, hi: int) -> None:
+            if node.direct:  # the activation in stem_rows' registers where it can (`drive_direct`), else the epilogue
+                for geo, _, _, region in made[lo:hi]:
+                    done = stem_rows(xs, geo[0], packed, y, geo[1], geo[2], geo[3], geo[5], geo[6], *(inner or NO_OP))
+                    if epilogue is not None and not (inner and done):
+                        epilogue(y, region)
+                return
             row = scratch("fewchannels-row", (need,), np.float32)
             for geo, cols_shape, index, region in made[lo:hi]:
                 cols = scratch("fewchannels-cols", cols_shape, np.float32)
@@ -256,7 +298,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     return spmd(run)
 
 
-def _warm(node: Node, shape: Any, address: int) -> None:
+def _warm(node: Node, shape: Any, address: int, teams: bool) -> None:
     """Compile (or load from the cache) at build, not in the first run, where it would also skew the timing
     of the kernels the core compares (the team's driver too, where one may run: ``address``); and for an input
     shape known at build, grow this thread's scratch to what a run takes, so that its page faults do not count
@@ -264,6 +306,12 @@ def _warm(node: Node, shape: Any, address: int) -> None:
     other kernels' scratch may be warm already)."""
     (m, k), geo = node.packed.shape, (0, 0, 1, 1, 1, 1, 1)
     x = readonly(np.zeros((1, (k - 1) // 9, 1, 1), np.float32))
+    if node.direct:
+        stem_rows(x, 0, node.packed, np.zeros((1, m, 1, 1), np.float32), 0, 1, 1, 1, 1, *NO_OP)
+        if teams:
+            drive_direct(x, node.packed, np.zeros((1, m, 1, 1), np.float32), NOTHING,
+                         readonly(np.array([geo + (1,)], np.int64)), 1, team.NONE, np.float32(0), np.float32(0))
+        return
     im2col(x, np.zeros(3, np.float32), np.zeros((k, 1), np.float32), np.array(geo, np.int64))
     if address:
         drive(address, x, node.packed, np.zeros((1, m, 1), np.float32), NOTHING,

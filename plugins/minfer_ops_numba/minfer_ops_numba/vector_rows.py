@@ -101,26 +101,9 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
     xf, xbase, height, width, w, bias, yf, ybase, oh, ow, stride, ph, pw, _ = args
     k = sig.args[13].count
     xd, wd, yd = (context.make_array(sig.args[i])(context, builder, args[i]).data for i in (0, 4, 6))
-    f32, i1, i32, i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
-    vec, ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(i32, LANES), ir.VectorType(i1, LANES)
-    zero, lanes, first = ir.Constant(vec, [0.0] * LANES), ir.Constant(ivec, list(range(LANES))), \
-        ir.Constant(ivec, [0] * LANES)
-
-    def const(v):
-        return ir.Constant(i64, v)
-
-    def splat(v, kind):
-        undefined = ir.Constant(kind, ir.Undefined)
-        return builder.shuffle_vector(builder.insert_element(undefined, v, ir.Constant(i32, 0)), undefined, first)
-
-    mload = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vec, [vec.as_pointer(), i32, mvec, vec]),
-                                           f"llvm.masked.load.v{LANES}f32.p0")
-    mstore = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [vec, vec.as_pointer(), i32,
-                                                                                          mvec]),
-                                            f"llvm.masked.store.v{LANES}f32.p0")
-
-    def at(base, index):
-        return builder.bitcast(builder.gep(base, [index]), vec.as_pointer())
+    kit = Kit(builder)
+    i32, vec, ivec, zero, lanes, first = kit.i32, kit.vec, kit.ivec, kit.zero, kit.lanes, kit.first
+    const, splat, mload, mstore, at = kit.const, kit.splat, kit.mload, kit.mstore, kit.at
 
     weights = [splat(builder.load(builder.gep(wd, [const(t)])), vec) for t in range(k * k)]
     biases = splat(bias, vec)
@@ -198,3 +181,42 @@ def _row_cells(context: Any, builder: Any, sig: Any, args: tuple[Any, ...]) -> A
                                                        splat(builder.trunc(ow, i32), ivec))
                             builder.call(mstore, [cell(rows, oks, col0, s, True), target, ir.Constant(i32, 4), keep])
     return context.get_dummy_value()
+
+
+class Kit:
+    """The LLVM pieces this module's and stem_rows.py's intrinsics build their vector loops from: the types (LANES
+    float32 or int32 lanes, their masks), constants, a splat, LLVM's masked load and store, and a vector's pointer."""
+
+    def __init__(self, builder: Any) -> None:
+        from llvmlite import ir
+        from numba.core import cgutils
+
+        self.builder = builder
+        f32, i1, self.i32, self.i64 = ir.FloatType(), ir.IntType(1), ir.IntType(32), ir.IntType(64)
+        self.vec, self.ivec, mvec = ir.VectorType(f32, LANES), ir.VectorType(self.i32, LANES), ir.VectorType(i1, LANES)
+        self.zero = ir.Constant(self.vec, [0.0] * LANES)
+        self.lanes, self.first = ir.Constant(self.ivec, list(range(LANES))), ir.Constant(self.ivec, [0] * LANES)
+        module, vp = builder.module, self.vec.as_pointer()
+        self.mload = cgutils.get_or_insert_function(module, ir.FunctionType(self.vec, [vp, self.i32, mvec, self.vec]),
+                                                    f"llvm.masked.load.v{LANES}f32.p0")
+        self.mstore = cgutils.get_or_insert_function(module, ir.FunctionType(ir.VoidType(), [self.vec, vp, self.i32,
+                                                                                             mvec]),
+                                                     f"llvm.masked.store.v{LANES}f32.p0")
+
+    def const(self, v: int) -> Any:
+        """An i64 constant."""
+        from llvmlite import ir
+
+        return ir.Constant(self.i64, v)
+
+    def splat(self, v: Any, kind: Any) -> Any:
+        """v in every lane of a vector of type ``kind``."""
+        from llvmlite import ir
+
+        undefined = ir.Constant(kind, ir.Undefined)
+        return self.builder.shuffle_vector(self.builder.insert_element(undefined, v, ir.Constant(self.i32, 0)),
+                                           undefined, self.first)
+
+    def at(self, base: Any, index: Any) -> Any:
+        """The LANES floats from base[index], as a vector pointer."""
+        return self.builder.bitcast(self.builder.gep(base, [index]), self.vec.as_pointer())
