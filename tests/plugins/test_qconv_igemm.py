@@ -313,3 +313,44 @@ def test_scaled_conv_integer_declines_depthwise_and_float_input_without_dynamic(
     assert qconv.scaled_conv_integer.applies(ctx, attrs) == igemm.vnni()
     assert not qconv.scaled_conv_integer.applies(ctx, dict(attrs, group=9))
     assert not qconv.scaled_conv_integer.applies(ctx, dict(attrs, dynamic_input=0))
+
+
+STEMS = {  # name: (node keywords): a network's stem, which qstem.py's direct loop takes
+    "stride2-team": dict(k=(3, 3), c=3, m=32, hw=(80, 84), strides=[2, 2], pads=[1, 1, 1, 1]),  # 1.45M: a team
+    "batch2-stride1": dict(k=(3, 3), c=2, m=9, hw=(11, 19), n=2, pads=[1, 1, 1, 1]),
+    "one-channel-same": dict(k=(3, 3), c=1, m=5, hw=(9, 13), strides=[2, 2], auto_pad="SAME_UPPER"),
+    "eight-bit-input": dict(k=(3, 3), c=3, m=16, hw=(20, 21), strides=[2, 2], pads=[1, 1, 1, 1], float_input=0),
+    "relu-quantize": dict(k=(3, 3), c=3, m=16, hw=(20, 21), strides=[2, 2], pads=[1, 1, 1, 1], activation="Relu",
+                          activation_params=[], output_quantization=[0.07, -3.0, 252.0]),
+    "rounding-residual-pc": dict(k=(3, 3), c=4, m=12, hw=(16, 16), pads=[1, 1, 1, 1], residual=True,
+                                 per_channel=True),
+}
+
+
+@pytest.mark.parametrize("stem", list(STEMS))
+@pytest.mark.parametrize("threads", [1, 2])
+def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
+    """A stem (at most 4 input channels, 3x3, strides 1 or 2) runs qstem.py's direct loop on centered float32
+    operands, on one thread and on a native team: its sums are exact, so the numpy kernel's bits."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import qstem, team
+
+    rng = np.random.default_rng(len(stem))
+    inputs, attrs = _node(rng, **STEMS[stem])
+    mine, numpy_run = _both(inputs, attrs)
+    assert isinstance(mine.stem, qstem.QStem)
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
+    if len(args) == 12:
+        args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    want = numpy_run(*args)
+    assert np.unique(want).size > 10  # not all saturated or zero
+    calls, shared = [], []
+    real, real_drive = qstem.QStem.__call__, qstem.drive
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qstem.QStem, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
+        patch.setattr(qstem, "drive", lambda *a: shared.append(1) or real_drive(*a))
+        with using_threads(threads):
+            got = mine(*args)
+    assert calls
+    assert bool(shared) == (threads == 2 and stem == "stride2-team" and team.available())
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))

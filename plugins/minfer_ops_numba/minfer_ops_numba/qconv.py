@@ -29,6 +29,7 @@ from minfer_core import KernelContext, TensorType, get_registry, kernel, prepare
 
 from . import igemm
 from . import qconv_gemm as qg
+from . import qstem
 from ._jit import PRIORITY, input_type, readonly
 from .dynamic_quant import value_range
 
@@ -204,6 +205,8 @@ class QConv:
         self.residual = attrs.get("residual_rounding")
         self.rounding = _rounding(ctx, self.residual) if self.residual else None
         self.chain = _chain(self.fast, self.operands, w.shape[0])
+        # a stem (at most 4 input channels, 3x3) whose float32 sums are exact: qstem.py's direct loop, same sums
+        self.stem = qstem.QStem(w, wz, attrs) if self.fast is not None and qstem.fits(w, attrs) else None
         qg.compile_for(self.x_dtype)
 
     def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
@@ -229,6 +232,10 @@ class QConv:
                  y_zero_point=None, b=None, s=None, a=None, z=None):
         out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
         if not out.size:
+            return out
+        sums = None if self.stem is None else self.stem(x, self.quantize, self.x_zero)
+        if sums is not None:  # None: x holds NaN, which igemm's path below handles
+            self.finish(sums, out, (slice(None), slice(None)), z)
             return out
         q, nan = qg.quantized(x, self.quantize, self.x_dtype, self.x_zero)
         if self.chain is not None and not nan:  # the epilogue in igemm's write-out: no sums written and read back

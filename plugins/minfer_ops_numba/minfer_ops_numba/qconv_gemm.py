@@ -36,15 +36,22 @@ def _quantize(x, q, scale, low, high, zp):  # pragma: no cover - compiled
     computes it, in float32, then shifted back to 8 bits); returns how many x were NaN (no 8-bit value)."""
     bad = 0
     for i in range(x.size):
-        v = x[uintp(i)] / scale
-        v = low if v < low else v
-        v = high if v > high else v
-        v = np.rint(v)
+        v = grid(x[uintp(i)], scale, low, high)
         if v != v:
             bad += 1
             v = np.float32(0)
         q[uintp(i)] = np.int32(v) + zp
     return bad
+
+
+@jit
+def grid(v, scale, low, high):  # pragma: no cover - compiled
+    """rint(clip(v / scale, low, high)) in float32: one value quantized and centered (its zero point not added back),
+    as the numpy kernel's compiled Requantize computes it. NaN stays NaN."""
+    v = v / scale
+    v = low if v < low else v
+    v = high if v > high else v
+    return np.rint(v)
 
 
 @jit(parallel=True)
