@@ -333,7 +333,7 @@ def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
     """A stem (at most 4 input channels, 3x3, strides 1 or 2) runs qstem.py's direct loop on centered float32
     operands, on one thread and on a native team: its sums are exact, so the numpy kernel's bits."""
     from minfer_core.parallel import using_threads
-    from minfer_ops_numba import qstem, team
+    from minfer_ops_numba import fewchannels, qstem, team
 
     rng = np.random.default_rng(len(stem))
     inputs, attrs = _node(rng, **STEMS[stem])
@@ -345,10 +345,10 @@ def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
     want = numpy_run(*args)
     assert np.unique(want).size > 10  # not all saturated or zero
     calls, shared = [], []
-    real, real_drive = qstem.QStem.__call__, qstem.drive
+    real, real_drive = qstem.QStem.__call__, fewchannels.drive_direct
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(qstem.QStem, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
-        patch.setattr(qstem, "drive", lambda *a: shared.append(1) or real_drive(*a))
+        patch.setattr(fewchannels, "drive_direct", lambda *a: shared.append(1) or real_drive(*a))
         with using_threads(threads):
             got = mine(*args)
     assert calls

@@ -167,9 +167,7 @@ def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
 class Node:
     """One Conv node's packed weights (M, C*9 + 1: the bias as a last column), geometry and plans per input shape."""
 
-    def __init__(self, ctx: Any, auto_pad: str, pads: Any, strides: Any) -> None:
-        w = ctx.constants[1]
-        b = ctx.constants[2] if len(ctx.constants) > 2 else None
+    def __init__(self, w: np.ndarray, b: np.ndarray | None, auto_pad: str, pads: Any, strides: Any) -> None:
         m = w.shape[0]
         bias = np.zeros((m, 1), np.float32) if b is None else np.asarray(b, np.float32).reshape(m, 1)
         # copies: the engine frees the initializers (packed=(1, 2))
@@ -227,7 +225,7 @@ _DECLARED = dict(prepare=True, out=True, views=False, packed=(1, 2), epilogue=Tr
 def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """Conv-1/11/22 of at most 4 input channels, 3x3 (see `applies`): the direct loop, or an im2col and one BLAS
     GEMM, a band at a time."""
-    node = Node(ctx, auto_pad, pads, strides)
+    node = Node(ctx.constants[1], ctx.constants[2] if len(ctx.constants) > 2 else None, auto_pad, pads, strides)
     packed, plans = node.packed, node.plans
     address = team.gemm_address() if team.available() else 0
     if address:
