@@ -35,15 +35,15 @@ STEADY: ContextVar[bool] = ContextVar("minfer_steady_run", default=False)
 # whose usual best is a clear loser against it stops there (MobileNetV2 b1: numpy's Conv timed its depthwise layouts,
 # 2-19 ms a node, 80-100 of a 140 ms first run, then lost to the numba kernels by 10-50x)
 OUTER: ContextVar[float] = ContextVar("minfer_outer_best", default=float("inf"))
-# each candidate runs up to ROUNDS times, round by round, and keeps its best time; one that took over CLEAR_LOSS
-# times the best in the first round is not run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node),
-# unless the best took under WARM seconds: there a first call's own planning (per-shape tables, ~10 us) can lose a
-# candidate that is faster on every later call (a depthwise kernel 14-18 us first, 5-6 warm, against 5-10); such a
-# one sits out the third round only. Three rounds, as a first call is a cold one: with two, a candidate had one warm
-# call, which a backward second round made the one right after the first round's last (numpy's Conv of a depthwise
-# layer, 0.3-4 ms through its own methods): MobileNetV3-small's 16x112x112 stride-2 depthwise timed its fastest
-# kernel (35 us warm) 88 and 86 us and took one of 50 (bench/results/session23/tuning-rounds.txt)
-ROUNDS, CLEAR_LOSS, WARM, MARGIN = 3, 2.0, 50e-6, 1.1
+# each candidate runs up to ROUNDS times, round by round, and keeps its best time. A first call is a cold one (its
+# scratch, BLAS's buffers and the output first touched, per-shape tables: resnet50's 7x7 stem by smallconv.py 6-23 ms
+# first, 2 warm, lost to numpy's 3.5 and kept it), so one over COLD_LOSS times the best after the first round is not
+# run again (a cold first run of mobilenet_v2 timed 4-7 candidates a node), one over CLEAR_LOSS after the second; under
+# WARM seconds every candidate runs the second round (a depthwise kernel 14-18 us first, 5-6 warm, against 5-10).
+# Three rounds: with two, a candidate had one warm call, which a backward second round made the one right after the
+# first round's last (numpy's Conv of a depthwise layer, 0.3-4 ms through its own methods): MobileNetV3-small's
+# 16x112x112 stride-2 depthwise timed its fastest kernel (35 us warm) 88 and 86 us, took one of 50 (session23)
+ROUNDS, CLEAR_LOSS, COLD_LOSS, WARM, MARGIN = 3, 2.0, 10.0, 50e-6, 1.1
 # a choice is stored for later processes only when the timing thread ran at least this share of every timing: under
 # another process's load a candidate lost by waiting for a CPU (the test suite stored numpy's conv for a depthwise
 # layer that way: MobileNetV2 8.3 ms a run instead of 3.5, in every later process)
@@ -131,7 +131,7 @@ def choose(key: str, names: Sequence[str], time_one: Callable[[int], float], pri
         return list(names).index(prior) if prior in names else 0
     best, calm, outer = [float("inf")] * len(names), True, OUTER.get()
     for r in range(ROUNDS):  # every other round backwards: no candidate always runs right after the same one
-        for i in [j for j in range(len(names)) if best[j] <= CLEAR_LOSS * min(best) or min(best) < WARM and r < 2][:: 1 - 2 * (r % 2)]:
+        for i in [j for j in range(len(names)) if best[j] <= (COLD_LOSS if r < 2 else CLEAR_LOSS) * min(best) or min(best) < WARM and r < 2][:: 1 - 2 * (r % 2)]:
             cpu, inner = time.thread_time(), copy_context()  # the candidate's own `choose` sees the others' best
             inner.run(OUTER.set, min(best))
             best[i] = min(best[i], took := inner.run(time_one, i))
