@@ -261,10 +261,12 @@ class Node:
         x as it lies (the bias then added after it), and y's shape."""
         _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS, COMPILED_UNIT_BYTES)
         m, cells = shape[1], shape[2] * shape[3]
-        blocks = [(0, m)]
-        if parts > 1 and shape[0] < parts and cells <= SMALL_MAP:
+        blocks, direct = [(0, m)], made[0][0] is None
+        if parts > 1 and shape[0] < parts and cells <= SMALL_MAP and (direct or m >= cells):
             # a small map: split the output channels instead of the rows, so that each thread reads only its
-            # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 137 us on two threads)
+            # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 137 us on two threads). Not
+            # where an im2col has more columns than the weights rows: each thread would copy all of it (resnet50's
+            # 128-channel 3x3 stride 2 at 56 -> 28, a 3.6 MB im2col)
             _, _, _, _, made, _ = self.plan(x, 1, unit=COMPILED_UNIT_BYTES)
             step = -(-m // (parts * 16)) * 16
             blocks = [(m0, min(m, m0 + step)) for m0 in range(0, m, step)]
@@ -272,7 +274,6 @@ class Node:
                           for m0, m1 in blocks], np.int64)
         geos = np.array([[*(geo if geo is not None else (0,) * 11), shape[3]] for geo, *_ in made
                          for _ in blocks], np.int64)
-        direct = made[0][0] is None
         size = 1 if direct else max(math.prod(cols_shape) for _, cols_shape, _, _ in made)
         return found, geos, size, direct, shape
 
