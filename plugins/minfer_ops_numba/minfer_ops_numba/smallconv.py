@@ -62,6 +62,9 @@ TEAM_SPLIT_MACS = 200_000
 # resnet50 33.9 -> 28.9, inception_v2 21.4 -> 17.0, densenet121 36.2 -> 28.7, the OCR detector 11.2 -> 9.0;
 # 1 MB units gave 3.5, 29.8, 18.5, 30.2, 8.8)
 COMPILED_UNIT_BYTES = 4 << 20
+# but where the packed weights are this small, re-packing them for each band costs little and a band's im2col in L2
+# (a core's 1 MB here) pays: resnet50's 7x7 stem (3 -> 64 channels, 38 KB of weights) 2.7 -> 1.9 ms on two threads
+SMALL_WEIGHT_BYTES, L2_UNIT_BYTES = 64 << 10, 1 << 20
 SMALL_MAP = 1024  # output cells: on maps up to this size a team splits a conv's output channels, not its rows
 # the threads the compiled path's units are cut for, whatever a run's count: the same units, the same BLAS calls
 PLAN_PARTS = max(1, min(8, os.cpu_count() or 1))
@@ -259,7 +262,8 @@ class Node:
         run's threads: any thread count makes the same BLAS calls, so the same bits): the units as rows (i0, i1,
         r0, r1, m0, m1), their im2col geometry and output width, the scratch a thread needs, whether the GEMM reads
         x as it lies (the bias then added after it), and y's shape."""
-        _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS, COMPILED_UNIT_BYTES)
+        unit = L2_UNIT_BYTES if self.packed.nbytes <= SMALL_WEIGHT_BYTES else COMPILED_UNIT_BYTES
+        _, _, _, shape, made, parts = self.plan(x, PLAN_PARTS, TEAM_SPLIT_MACS, unit)
         m, cells = shape[1], shape[2] * shape[3]
         blocks, direct = [(0, m)], made[0][0] is None
         if parts > 1 and shape[0] < parts and cells <= SMALL_MAP and (direct or m >= cells):
@@ -267,7 +271,7 @@ class Node:
             # share of the weights, the bulk of the bytes (1280x320 at 7x7: 229 -> 137 us on two threads). Not
             # where an im2col has more columns than the weights rows: each thread would copy all of it (resnet50's
             # 128-channel 3x3 stride 2 at 56 -> 28, a 3.6 MB im2col)
-            _, _, _, _, made, _ = self.plan(x, 1, unit=COMPILED_UNIT_BYTES)
+            _, _, _, _, made, _ = self.plan(x, 1, unit=unit)
             step = -(-m // (parts * 16)) * 16
             blocks = [(m0, min(m, m0 + step)) for m0 in range(0, m, step)]
         found = np.array([[r[0].start, r[0].stop, r[2].start, r[2].stop, m0, m1] for *_, r in made
