@@ -52,6 +52,13 @@ def compare(name, rounds=8, repeat=10):
         engines["B"].run(None, feeds)  # its plans made now, the old way
     finally:
         smallconv.Node.compiled_plan = new
+    alternate(name, engines, feeds, rounds, repeat)
+
+
+def alternate(name, engines, feeds, rounds, repeat, least=0.0):
+    """Engines A and B's runs in turns (blocks of ``repeat``, ``rounds`` times), smallconv's team calls timed: prints
+    the run medians, and the calls' medians by (output channels, output cells, im2col rows) where A's and B's
+    differ by more than ``least`` (a share)."""
     outs = [e.run(None, feeds)[0] for e in engines.values()]
     real = smallconv.team_units
 
@@ -78,12 +85,11 @@ def compare(name, rounds=8, repeat=10):
     finally:
         smallconv.team_units = real
     print(f"{name}: |A - B| max {np.abs(outs[0] - outs[1]).max():.1e}; run ms",
-          {k: round(statistics.median(v) * 1e3, 3) for k, v in runs.items()})
-    shapes = sorted({s for _, s in CALLS})
-    for s in shapes:
+          {k: round(statistics.median(v) * 1e3, 3) for k, v in runs.items()}, flush=True)
+    for s in sorted({s for _, s in CALLS}):
         a, b = CALLS.get(("A", s)), CALLS.get(("B", s))
-        if True:
-            print(f"   (M, cells, K+1) {s}: A", a and round(statistics.median(a) / 1e3, 1), "us, B", b and round(statistics.median(b) / 1e3, 1), "us")
+        if a and b and abs(statistics.median(a) / statistics.median(b) - 1) > least:
+            print(f"   (M, cells, K+1) {s}: A {statistics.median(a) / 1e3:.1f} us, B {statistics.median(b) / 1e3:.1f} us")
     CALLS.clear()
 
 
