@@ -89,6 +89,40 @@ def test_units_split_only_work_that_pays_for_the_hand_over():
     assert smallconv.units(1, 56, smallconv.UNIT_BYTES // 18, split, 2) == ([(0, 1, r, r + 14) for r in range(0, 56, 14)], 2)
 
 
+def _compiled_plan(xs, ws, attrs):
+    x, w = np.zeros(xs, np.float32), np.zeros(ws, np.float32)
+    node = smallconv.Node(context(x, w, None), "NOTSET", None, 1, attrs.get("pads"), attrs.get("strides"))
+    found, _, size, direct, shape = node.compiled_plan(x)
+    channels = sorted({(int(m0), int(m1)) for m0, m1 in found[:, 4:6]})
+    rows = sorted({(int(r0), int(r1)) for r0, r1 in found[:, 2:4]})
+    return channels, rows, size, direct, shape
+
+
+def test_a_small_maps_units_share_channels_only_where_no_thread_would_copy_the_whole_im2col():
+    """On a map of at most SMALL_MAP cells the units split the output channels (each thread reads its share of the
+    weights) where the conv reads its input as it lies or has at least as many channels as cells; else its rows,
+    so that each thread copies only its rows' im2col (resnet50's 128-channel 3x3 stride 2 at 56 -> 28)."""
+    stride2 = dict(pads=[1, 1, 1, 1], strides=[2, 2])
+    channels, rows, *_ = _compiled_plan((1, 128, 56, 56), (128, 128, 3, 3), stride2)  # 784 cells > 128 channels
+    assert channels == [(0, 128)] and len(rows) == 2
+    channels, rows, *_ = _compiled_plan((1, 256, 28, 28), (256, 256, 3, 3), stride2)  # 196 cells < 256 channels
+    assert len(channels) == 2 and rows == [(0, 14)]
+    channels, rows, _, direct, _ = _compiled_plan((1, 64, 28, 28), (32, 64, 1, 1), {})  # 1x1: no im2col to copy
+    assert direct and len(channels) == 2 and rows == [(0, 28)]
+
+
+def test_small_weights_take_im2col_bands_an_l2_holds_larger_ones_one_wide_unit_a_thread():
+    """A conv whose packed weights are at most SMALL_WEIGHT_BYTES (a 7x7 stem's 3 -> 64) cuts its im2col into bands
+    of L2_UNIT_BYTES (re-packing such weights per band costs little); larger weights keep COMPILED_UNIT_BYTES."""
+    stem = dict(pads=[3, 3, 3, 3], strides=[2, 2])
+    _, rows, size, _, shape = _compiled_plan((1, 3, 224, 224), (64, 3, 7, 7), stem)
+    assert 64 * (3 * 49 + 1) * 4 <= smallconv.SMALL_WEIGHT_BYTES
+    assert size * 4 <= smallconv.L2_UNIT_BYTES and len(rows) > 2 and rows[-1][1] == shape[2]
+    _, rows, size, _, _ = _compiled_plan((1, 64, 112, 112), (64, 64, 3, 3), dict(pads=[1, 1, 1, 1]))
+    assert 64 * (64 * 9 + 1) * 4 > smallconv.SMALL_WEIGHT_BYTES
+    assert smallconv.L2_UNIT_BYTES < size * 4 <= smallconv.COMPILED_UNIT_BYTES  # 29 MB of im2col: 8 bands of 14 rows
+
+
 def test_applies_only_to_float32_non_depthwise_convs_with_constant_weights():
     """The conv takes 2-D float32 convs with constant weights, group 1 or grouped (a large one only at group 1,
     which runs compiled end to end); it refuses depthwise convs, other dtypes, weights computed at run time,
