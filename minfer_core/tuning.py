@@ -42,7 +42,8 @@ OUTER: ContextVar[float] = ContextVar("minfer_outer_best", default=float("inf"))
 # WARM seconds every candidate runs the second round (a depthwise kernel 14-18 us first, 5-6 warm, against 5-10).
 # Three rounds: with two, a candidate had one warm call, which a backward second round made the one right after the
 # first round's last (numpy's Conv of a depthwise layer, 0.3-4 ms through its own methods): MobileNetV3-small's
-# 16x112x112 stride-2 depthwise timed its fastest kernel (35 us warm) 88 and 86 us, took one of 50 (session23)
+# 16x112x112 stride-2 depthwise timed its fastest kernel (35 us warm) 88 and 86 us, took one of 50
+# (bench/results/session23/tuning-rounds.txt; the cold first calls: bench/results/session27/stem-choice.txt)
 ROUNDS, CLEAR_LOSS, COLD_LOSS, WARM, MARGIN = 3, 2.0, 10.0, 50e-6, 1.1
 # a choice is stored for later processes only when the timing thread ran at least this share of every timing: under
 # another process's load a candidate lost by waiting for a CPU (the test suite stored numpy's conv for a depthwise

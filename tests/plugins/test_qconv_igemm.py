@@ -72,11 +72,18 @@ def _both(inputs, attrs):
             quant.float_qlinear_conv.fn(_ctx(inputs, shape), **attrs))
 
 
-def _check(inputs, attrs, rng):
-    mine, numpy_run = _both(inputs, attrs)
-    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]  # packed: the engine passes None there
+def _run_args(inputs, attrs, rng):
+    """The run's arguments: None for the packed weight and its zero point (the engine passes None there), a random
+    residual Z where the node takes one."""
+    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
     if len(args) == 12:
         args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    return args
+
+
+def _check(inputs, attrs, rng):
+    mine, numpy_run = _both(inputs, attrs)
+    args = _run_args(inputs, attrs, rng)
     got, want = mine(*args), numpy_run(*args)
     assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))  # bits: -0.0 and NaN too
@@ -135,9 +142,7 @@ def test_epilogue_in_the_write_out_on_a_native_team(epilogue):
     inputs, attrs = _node(rng, c=40, m=96, hw=(28, 30), k=(1, 1), **extra)
     mine, numpy_run = _both(inputs, attrs)
     assert isinstance(mine.chain, igemm.Chain)
-    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
-    if len(args) == 12:
-        args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    args = _run_args(inputs, attrs, rng)
     want = numpy_run(*args)
     assert np.unique(want).size > 20  # not all saturated or zero
     np.testing.assert_array_equal(mine(*args).view(np.int32), want.view(np.int32))
@@ -339,9 +344,7 @@ def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
     inputs, attrs = _node(rng, **STEMS[stem])
     mine, numpy_run = _both(inputs, attrs)
     assert isinstance(mine.stem, qstem.QStem)
-    args = [None if i in (3, 5) else v for i, v in enumerate(inputs)]
-    if len(args) == 12:
-        args[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32)
+    args = _run_args(inputs, attrs, rng)
     want = numpy_run(*args)
     assert np.unique(want).size > 10  # not all saturated or zero
     calls, shared = [], []
