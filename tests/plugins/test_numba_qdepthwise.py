@@ -210,7 +210,7 @@ def _sums(rng, c, cells):
 @pytest.mark.parametrize("post_factor", ["integers", "dequantized"])
 def test_fitted_chain_is_the_chains_bits(act, affine, post_factor):
     """`fitted` replaces a chain ending on a post grid by rint(clip(k * r + t)) with each channel's r and t where
-    that gives the chain's bits for every integer k its first clip lets through; `_requantize` then gives the
+    that gives the chain's bits for every integer k its first clip lets through; `requantize_channels` then gives the
     chain's bits for every sum (-0.0, past the bounds, NaN)."""
     from minfer_ops_numba import qdepthwise
 
@@ -228,8 +228,8 @@ def test_fitted_chain_is_the_chains_bits(act, affine, post_factor):
     assert params[9] == qdepthwise.FITTED and fitted_operands[2].size == c == fitted_operands[3].size
     want, got = _sums(rng, c, cells), None
     got = want.copy()
-    qdepthwise._requantize(want, 0, 0, c, cells, cells, *operands, qdepthwise.readonly(chain))
-    qdepthwise._requantize(got, 0, 0, c, cells, cells, *fitted_operands, params)
+    qdepthwise.requantize_channels(want, 0, 0, c, cells, cells, *operands, qdepthwise.readonly(chain))
+    qdepthwise.requantize_channels(got, 0, 0, c, cells, cells, *fitted_operands, params)
     np.testing.assert_array_equal(got.view(np.int32)[~np.isnan(want)], want.view(np.int32)[~np.isnan(want)])
     assert np.array_equal(np.isnan(got), np.isnan(want)) and np.unique(want).size > 100
 

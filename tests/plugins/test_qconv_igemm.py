@@ -336,7 +336,8 @@ STEMS = {  # name: (node keywords): a network's stem, which qstem.py's direct lo
 @pytest.mark.parametrize("threads", [1, 2])
 def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
     """A stem (at most 4 input channels, 3x3, strides 1 or 2) runs qstem.py's direct loop on centered float32
-    operands, on one thread and on a native team: its sums are exact, so the numpy kernel's bits."""
+    operands, on one thread and on a native team: its sums are exact, so the numpy kernel's bits. Where the epilogue
+    is a chain with nothing after it (no residual) the stem applies it band by band (`QStem.into`)."""
     from minfer_core.parallel import using_threads
     from minfer_ops_numba import fewchannels, qstem, team
 
@@ -344,14 +345,17 @@ def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
     inputs, attrs = _node(rng, **STEMS[stem])
     mine, numpy_run = _both(inputs, attrs)
     assert isinstance(mine.stem, qstem.QStem)
+    assert mine.banded == (stem != "rounding-residual-pc")
     args = _run_args(inputs, attrs, rng)
     want = numpy_run(*args)
     assert np.unique(want).size > 10  # not all saturated or zero
     calls, shared = [], []
-    real, real_drive = qstem.QStem.__call__, fewchannels.drive_direct
+    entry = "into" if mine.banded else "__call__"
+    real = getattr(qstem.QStem, entry)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qstem.QStem, "__call__", lambda self, *a: calls.append(1) or real(self, *a))
-        patch.setattr(fewchannels, "drive_direct", lambda *a: shared.append(1) or real_drive(*a))
+        patch.setattr(qstem.QStem, entry, lambda self, *a: calls.append(1) or real(self, *a))
+        for module, name in ((fewchannels, "drive_direct"), (qstem, "_drive"), (qstem, "_drive_bands")):
+            patch.setattr(module, name, lambda *a, _real=getattr(module, name): shared.append(1) or _real(*a))
         with using_threads(threads):
             got = mine(*args)
     assert calls

@@ -274,13 +274,68 @@ class Chain:
         return part
 
 
-# a `Chain`'s (and qdepthwise.py's `_requantize`'s) rounding flag for a chain `fitted` replaced
+# a `Chain`'s (and `requantize_channels`') rounding flag for a chain `fitted` replaced
 FITTED = 2
+
+
+@jit
+def requantize_channels(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragma: no cover - compiled
+    """In place on channels c0..c1 of one image (channel ch's ``cells`` values at flat[base + (ch - c0) * stride:]):
+    `_rq_fused`'s chain on each exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32
+    operations and order (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b
+    one value or one a channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds,
+    the post grid's scale, bounds and factor, whether to round (`FITTED`: the chain after the first rint as
+    `fitted` found it, s and b its r and t). (One array: a loop over two that are the same memory fails numba's
+    overlap check and runs unvectorized.)"""
+    low, high, osc, act_lo, act_hi = params[0], params[1], params[2], params[3], params[4]
+    ps, plo, phi, pq, rounding, short = params[5], params[6], params[7], params[8], params[9] != 0, params[9] == FITTED
+    osc = osc if osc != 0 else np.float32(1)
+    hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
+    ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
+    for ch in range(c0, c1):
+        at = base + (ch - c0) * stride
+        mc = m[uintp(ch if ms else 0)]
+        cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
+        sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
+        bc = b[uintp(ch if bs else 0)] if hb else np.float32(-0.0)
+        if short:  # `fitted`: s and b hold each channel's r and t
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc
+                v = low if v < low else v
+                v = high if v > high else v
+                v = np.rint(v) * sc + bc
+                v = plo if v < plo else v
+                flat[uintp(j)] = np.rint(phi if v > phi else v) * pq
+        elif not rounding:  # a ConvInteger's Cast and Mul: the product, then the affine
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                flat[uintp(j)] = act_hi if v > act_hi else v
+        elif ps != 0:
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc
+                v = low if v < low else v
+                v = high if v > high else v
+                v = np.rint(v) * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                v = act_hi if v > act_hi else v
+                v = v / ps
+                v = plo if v < plo else v
+                v = phi if v > phi else v
+                flat[uintp(j)] = np.rint(v) * pq
+        else:
+            for j in range(at, at + cells):
+                v = (flat[uintp(j)] + cc) * mc
+                v = low if v < low else v
+                v = high if v > high else v
+                v = np.rint(v) * osc * sc + bc
+                v = act_lo if v < act_lo else v
+                flat[uintp(j)] = act_hi if v > act_hi else v
 
 
 def _tail(k: np.ndarray, chain: np.ndarray, sc: np.ndarray, bc: np.ndarray) -> np.ndarray:
     """The chain after its first rint, for each integer k (a row) and each channel's S and B (a column), in
-    `_requantize`'s float32 operations and order: rint(clip(clip(k * out_scale * s + b, act) / post_scale, post
+    `requantize_channels`' float32 operations and order: rint(clip(clip(k * out_scale * s + b, act) / post_scale, post
     bounds)) * post factor."""
     osc = chain[2] if chain[2] != 0 else np.float32(1)
     v = k * osc * sc + bc
@@ -291,7 +346,7 @@ def _tail(k: np.ndarray, chain: np.ndarray, sc: np.ndarray, bc: np.ndarray) -> n
 
 
 def fitted(chain: np.ndarray, operands: tuple, channels: int) -> tuple[np.ndarray, tuple]:
-    """(chain, operands) for qdepthwise.py's `_requantize` (or a `Chain`'s values and m, c, s, b: the same
+    """(chain, operands) for `requantize_channels` (or a `Chain`'s values and m, c, s, b: the same
     layout): when the chain ends on a post grid, its steps after the first rint
     replaced by ``rint(clip(k * r + t, post bounds)) * post factor`` with each channel's float32 r and t (S and B's
     places), where that gives the chain's bits for every k its first clip lets through (-0.0 included): checked

@@ -207,6 +207,10 @@ class QConv:
         self.chain = _chain(self.fast, self.operands, w.shape[0])
         # a stem (at most 4 input channels, 3x3) whose float32 sums are exact: qstem.py's direct loop, same sums
         self.stem = qstem.QStem(w, wz, attrs) if self.fast is not None and qstem.fits(w, attrs) else None
+        # where the epilogue is a chain and nothing follows it, the stem applies it to each band in cache
+        self.banded = self.stem is not None and self.chain is not None and not self.residual
+        if self.banded:
+            self.stem.warm(self.chain.operands)
         qg.compile_for(self.x_dtype)
 
     def finish(self, y: np.ndarray, out: np.ndarray, region: tuple, z: np.ndarray | None) -> None:
@@ -233,7 +237,9 @@ class QConv:
         out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
         if not out.size:
             return out
-        sums = None if self.stem is None else self.stem(x, self.quantize, self.x_zero)
+        if self.banded and self.stem.into(x, self.quantize, self.x_zero, out, self.chain.operands):
+            return out  # else x holds NaN, which igemm's path below handles
+        sums = None if self.stem is None or self.banded else self.stem(x, self.quantize, self.x_zero)
         if sums is not None:  # None: x holds NaN, which igemm's path below handles
             self.finish(sums, out, (slice(None), slice(None)), z)
             return out

@@ -6,7 +6,7 @@ maps, where writing out each sum costs more than the product; minfer-ops-conv's 
 the centered operands (sgemm) and its compiled Requantize from Python tile by tile. Here the conv is smallconv.py's
 compiled path on the centered weights (float32, written into scratch from the 8-bit ones each run): per unit (a
 band of output rows and a block of output channels) an im2col or none (a 1x1 stride-1 conv reads its input as it
-lies), one sgemm, then qdepthwise.py's `_requantize` on the unit's rows while they are in cache, over a native team
+lies), one sgemm, then igemm.py's `requantize_channels` on the unit's rows while they are in cache, over a native team
 when one runs. An input to quantize (or 8-bit) is centered first, the whole of it, into scratch (`_center`).
 
 The sums are exact: `applies` asks that the largest (255 times the weights' row L1 norm, plus the bias) is below
@@ -25,7 +25,8 @@ from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, par
 from . import smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
 from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given, _scaled_epilogue
-from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand, _requantize,  # noqa: F401
+from .igemm import requantize_channels  # noqa: F401 (compiled code calls it)
+from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand,  # noqa: F401
                          fitted, scaled_run)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
@@ -55,7 +56,7 @@ def _plus_residual(yf, z, at, m0, m1, cells, stride, grid):  # pragma: no cover 
 @jit
 def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, params, z, grid):  # pragma: no cover
     """Units lo..hi of ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels): smallconv.py's
-    `units_of` (an im2col into ``cf`` unless ``direct``, a BLAS GEMM an image into y's rows) with `_requantize`
+    `units_of` (an im2col into ``cf`` unless ``direct``, a BLAS GEMM an image into y's rows) with `requantize_channels`
     on the unit's rows as the epilogue, then, when ``z`` (flat, y's shape) is not empty, `_plus_residual`.
     ``full``: the centered weights (M, K + 1), a last column of zeros."""
     mm, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
@@ -73,7 +74,7 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
             src = x0 + 4 * (i * k * hw + r0 * ow) if direct else c0 + 4 * (i - i0) * rows * ncols
             gemm(address, m1 - m0, ncols, k, w0 + 4 * m0 * rows, rows, src, hw if direct else ncols, y0 + 4 * at,
                  ohw, np.float32(0))
-            _requantize(yf, at, m0, m1, ncols, ohw, m, c, s, b, params)
+            requantize_channels(yf, at, m0, m1, ncols, ohw, m, c, s, b, params)
             if z.size:
                 _plus_residual(yf, z, at, m0, m1, ncols, ohw, grid)
 
@@ -175,7 +176,7 @@ def _scaled_fits(ctx: Any, attrs: dict) -> bool:
 class Product:
     """One node's integer conv as sgemm on its centered weights (float32 (M, K + 1) with a zero bias column, written
     into scratch each run from the 8-bit weights it holds) over smallconv.py's compiled units, per input shape, with
-    `_requantize`'s ``chain`` per unit."""
+    `requantize_channels`' ``chain`` per unit."""
 
     def __init__(self, ctx: Any, w: np.ndarray, wz: np.ndarray | None, attrs: dict, chain: np.ndarray) -> None:
         zero = np.zeros(1, np.float32) if wz is None else np.asarray(wz, np.float32).reshape(-1)

@@ -8,10 +8,11 @@ LANES (16) channels of one image, as depthwise_blocked.py cuts a float conv: its
 (`_center`; none when the producer wrote centered integers, ``float_input`` 2), its sums by depthwise_blocked.py's
 `block_sums` on the centered weights packed as float32 (padding is zero there: x's zero point, centered, as
 onnxruntime pads), then the Requantize chain (quant.py's `_rq_fused` operations, in its order) in place while the
-unit is in L2 (`_requantize`; a chain ending on a post grid as `fitted` shortens it, checked at build to give its
-bits); the units over a native team when one runs. On large maps (`ROW_CELLS`) a unit is a few channels summed in
-rows instead: vector_rows.py's in-place vectors, or loops.py's wide rows. ScaledConvInteger's dynamic input gets
-DynamicQuantizeLinear's scale and zero point as minfer-ops-conv computes them (`dynamic_operands`).
+unit is in L2 (igemm.py's `requantize_channels`; a chain ending on a post grid as `fitted` shortens it, checked at
+build to give its bits); the units over a native team when one runs. On large maps (`ROW_CELLS`) a unit is a few
+channels summed in rows instead: vector_rows.py's in-place vectors, or loops.py's wide rows. ScaledConvInteger's
+dynamic input gets DynamicQuantizeLinear's scale and zero point as minfer-ops-conv computes them
+(`dynamic_operands`).
 
 The sums are exact: every product of centered 8-bit values is an integer, and ``applies`` asks that the largest
 sum (the weights' row L1 norm times 255, plus the bias) stays below 2**24, where float32 holds every integer; so
@@ -39,7 +40,7 @@ from .channels import LANES
 from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
 from .dynamic_quant import value_range
-from .igemm import FITTED, fitted  # noqa: F401 (FITTED: compiled code reads it; qconv_blas, tests)
+from .igemm import FITTED, fitted, requantize_channels  # noqa: F401 (FITTED: qconv_blas, tests; compiled code)
 from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
                     _range_params, _scaled_epilogue)
@@ -79,66 +80,11 @@ def _center(x, xq, i, c0, c1, mode, quant):  # pragma: no cover - compiled
 
 
 @jit
-def _requantize(flat, base, c0, c1, cells, stride, m, c, s, b, params):  # pragma: no cover - compiled
-    """In place on channels c0..c1 of one image (channel ch's ``cells`` values at flat[base + (ch - c0) * stride:]):
-    `_rq_fused`'s chain on each exact sum, act(R((v + c) * m) * out_scale * s + b), then the post grid, in its float32
-    operations and order (without rounding, a ScaledConvInteger's: act((v + c) * m * out_scale * s + b)); m, c, s, b
-    one value or one a channel, c, s, b empty when absent; ``params``: low, high, out_scale, the activation's bounds,
-    the post grid's scale, bounds and factor, whether to round (`FITTED`: the chain after the first rint as
-    `fitted` found it, s and b its r and t). (One array: a loop over two that are the same memory fails numba's
-    overlap check and runs unvectorized.)"""
-    low, high, osc, act_lo, act_hi = params[0], params[1], params[2], params[3], params[4]
-    ps, plo, phi, pq, rounding, short = params[5], params[6], params[7], params[8], params[9] != 0, params[9] == FITTED
-    osc = osc if osc != 0 else np.float32(1)
-    hc, hs, hb = c.size > 0, s.size > 0, b.size > 0
-    ms, cs, ss, bs = m.size > 1, c.size > 1, s.size > 1, b.size > 1
-    for ch in range(c0, c1):
-        at = base + (ch - c0) * stride
-        mc = m[uintp(ch if ms else 0)]
-        cc = c[uintp(ch if cs else 0)] if hc else np.float32(-0.0)
-        sc = s[uintp(ch if ss else 0)] if hs else np.float32(1)
-        bc = b[uintp(ch if bs else 0)] if hb else np.float32(-0.0)
-        if short:  # `fitted`: s and b hold each channel's r and t
-            for j in range(at, at + cells):
-                v = (flat[uintp(j)] + cc) * mc
-                v = low if v < low else v
-                v = high if v > high else v
-                v = np.rint(v) * sc + bc
-                v = plo if v < plo else v
-                flat[uintp(j)] = np.rint(phi if v > phi else v) * pq
-        elif not rounding:  # a ConvInteger's Cast and Mul: the product, then the affine
-            for j in range(at, at + cells):
-                v = (flat[uintp(j)] + cc) * mc * osc * sc + bc
-                v = act_lo if v < act_lo else v
-                flat[uintp(j)] = act_hi if v > act_hi else v
-        elif ps != 0:
-            for j in range(at, at + cells):
-                v = (flat[uintp(j)] + cc) * mc
-                v = low if v < low else v
-                v = high if v > high else v
-                v = np.rint(v) * osc * sc + bc
-                v = act_lo if v < act_lo else v
-                v = act_hi if v > act_hi else v
-                v = v / ps
-                v = plo if v < plo else v
-                v = phi if v > phi else v
-                flat[uintp(j)] = np.rint(v) * pq
-        else:
-            for j in range(at, at + cells):
-                v = (flat[uintp(j)] + cc) * mc
-                v = low if v < low else v
-                v = high if v > high else v
-                v = np.rint(v) * osc * sc + bc
-                v = act_lo if v < act_lo else v
-                flat[uintp(j)] = act_hi if v > act_hi else v
-
-
-@jit
 def _units(x, xq, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, mode, quant, m, c, s, b,
            params):  # pragma: no cover - compiled
     """Units lo..hi of ``table`` (rows image, c0, c1; whole blocks of LANES channels): each unit's input centered
     into xq (`_center`), its blocks' exact sums (depthwise_blocked.py's `block_sums`, no bias, no activation),
-    then `_requantize` while the unit is in L2."""
+    then `requantize_channels` while the unit is in L2."""
     nc, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
     for u in range(lo, hi):
@@ -146,20 +92,20 @@ def _units(x, xq, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw,
         _center(x, xq, i, c0, c1, mode, quant)
         block_sums(xq[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
                    np.float32(0))
-        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
+        requantize_channels(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit
 def _centered_units(x, w, zeros, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, m, c, s, b,
                     params):  # pragma: no cover - compiled
-    """`_units` for an x centered already (float_input 2): its blocks' sums, then `_requantize`."""
+    """`_units` for an x centered already (float_input 2): its blocks' sums, then `requantize_channels`."""
     nc, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
     for u in range(lo, hi):
         i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
         block_sums(x[i], w, zeros, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, np.float32(0),
                    np.float32(0))
-        _requantize(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
+        requantize_channels(flat, (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit(parallel=True)
@@ -186,13 +132,13 @@ def _drive_centered(x, w, zeros, y, table, parts, dst, offs, planes, hp, wp, sh,
 def _row_sums(xq, w, zeros, y, i, c0, c1, ph, pw, sh, sw, vector, m, c, s, b, params):  # pragma: no cover
     """Channels c0..c1 of image i in rows: the exact sums of centered xq on the centered weights (C, kh, kw) and a
     zero bias by vector_rows.py's `vector_rows` (``vector``), else loops.py's `wide_rows` (stride 1), then
-    `_requantize`. The sums are integers below 2**24: they are `block_sums`' whatever the order of the taps."""
+    `requantize_channels`. The sums are integers below 2**24: they are `block_sums`' whatever the order of the taps."""
     nc, cells = y.shape[1], y.shape[2] * y.shape[3]
     if vector:
         vector_rows(xq[i], w, zeros, y[i], c0, c1, sh, sw, ph, pw, 1, 1)
     else:
         wide_rows(xq[i], w, zeros, y[i], c0, c1, 1, 1, ph, pw, 1, 1)
-    _requantize(y.reshape(-1), (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
+    requantize_channels(y.reshape(-1), (i * nc + c0) * cells, c0, c1, cells, cells, m, c, s, b, params)
 
 
 @jit
@@ -299,8 +245,8 @@ def _scaled_fits(ctx: Any, attrs: dict) -> bool:
 
 
 def _chain(epilogue: Any) -> np.ndarray:
-    """`_requantize`'s params from a prepared compiled Requantize (quant.py's ``steps``), its activation bounds as
-    quant.py's `_rq_rows` makes them."""
+    """`requantize_channels`' params from a prepared compiled Requantize (quant.py's ``steps``), its activation
+    bounds as quant.py's `_rq_rows` makes them."""
     params, (_, rounding, act) = epilogue.steps
     lo, hi = params[3], params[4]
     act_lo = lo if act == 2 else (np.float32(0) if act == 1 else np.float32(-np.inf))
