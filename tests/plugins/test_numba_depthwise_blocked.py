@@ -56,6 +56,8 @@ EPILOGUES = {  # FusedConv's (activation, activation_params, with a residual)
     "residual-HardSwish": ("HardSwish", (), True),
     "Swish": ("Swish", (1.702,), False),  # no code in `taps16`: the units' epilogue applies it (`units_of`)
     "residual-Swish": ("Swish", (1.0,), True),
+    # a DequantConv's rounding (minfer-passes' epilogue, ROUND): no code in `taps16`, which then stored nothing
+    "rounding": ("QuantizeDequantize", (0.05, -128.0, 127.0), False),
 }
 
 
@@ -88,6 +90,12 @@ def epilogue_for(name, shape, seed=1):
     """A FusedConv epilogue (`EPILOGUES`) for an output of ``shape``: the registered activation kernel in place,
     after the residual when there is one."""
     act_name, params, residual = EPILOGUES[name]
+    if act_name == "QuantizeDequantize":  # as DequantConv makes it: the registered rounding kernel, its spec
+        from minfer_passes.qdq_ops import _rounding
+
+        made = _rounding(TensorType(np.dtype(np.float32), shape), list(params), None, None, None)
+        assert team.native(made) is not None  # a compiled form: the blocks apply it themselves
+        return made
     kern = {"Relu": activation.relu, "Clip": activation.clip_6, "HardSwish": activation.hard_swish,
             "LeakyRelu": activation.leaky_relu, "HardSigmoid": activation.hard_sigmoid, "Swish": activation.swish}[act_name]
     names = {"Clip": ("min", "max"), "LeakyRelu": ("alpha",), "HardSigmoid": ("alpha", "beta"),

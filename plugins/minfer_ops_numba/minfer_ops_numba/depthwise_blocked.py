@@ -56,24 +56,28 @@ def block_sums(x, w, bias, y, c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, o
     OW), LANES channels at a time; w is (blocks, taps, LANES) and bias (blocks * LANES,), both zero past C; dst
     (where each input cell goes in the scratch), offs (where tap t reads from a cell's first), planes (each lane's
     plane in y) and the scratch's rows and columns as `_tables` finds them; ``kind``: `TAPS3`, `TAPS5` or `ANY`;
-    act: the activation ``op`` with parameters a, b (team.py's `finish`, `team.NONE`: none)."""
+    act: the activation ``op`` with parameters a, b (team.py's `finish`, `team.NONE`: none), in `taps16`'s registers
+    where it has code for it, else by `_value` on the block's sums (ROUND, a DequantConv's rounding: `taps16` stores
+    nothing for an op it has no code for). Not SWISH, which `_value` does not compute (`units_of`)."""
     hw, oh, ow = x.shape[1] * x.shape[2], y.shape[1], y.shape[2]
     q, acc = lined(hp * wp * LANES), lined(oh * ow * LANES)  # q's borders stay zero: every block fills its interior
     xf, yf = x.reshape(-1), y.reshape(-1)
     row, step = sh * wp * LANES, sw * LANES  # a cell's reads start step on from its left neighbour's, row below
+    registers = kind != ANY and (op == NONE or op == CLIP or op == LEAKY_RELU or op == HARD_SIGMOID or op == HARD_SWISH)
+    inner = op if registers else NONE  # `_activations`' codes
     for cb in range(c0, c1, LANES):
         lanes = min(LANES, c1 - cb)
         fill(xf, q, cb * hw, hw, dst, lanes)
         wb, bb = w[cb // LANES].reshape(-1), bias[cb:cb + LANES]
         if kind == TAPS3:
-            cells3(q, wb, bb, acc, offs, oh, ow, row, step, op, a, b)
+            cells3(q, wb, bb, acc, offs, oh, ow, row, step, inner, a, b)
         elif kind == TAPS5:
-            cells5(q, wb, bb, acc, offs, oh, ow, row, step, op, a, b)
+            cells5(q, wb, bb, acc, offs, oh, ow, row, step, inner, a, b)
         else:
             cells_any(q, wb, bb, acc, offs, oh, ow, row, step)
-            if op != NONE:
-                for i in range(oh * ow * LANES):
-                    acc[uintp(i)] = _value(acc[uintp(i)], op, a, b)
+        if op != NONE and not registers:
+            for i in range(oh * ow * LANES):
+                acc[uintp(i)] = _value(acc[uintp(i)], op, a, b)
         drain(acc, yf, cb * oh * ow, oh * ow, planes, lanes)
 
 
