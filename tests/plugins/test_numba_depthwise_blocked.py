@@ -54,7 +54,7 @@ EPILOGUES = {  # FusedConv's (activation, activation_params, with a residual)
     "HardSigmoid": ("HardSigmoid", (0.25, 0.375), False),
     "residual-Relu": ("Relu", (), True),
     "residual-HardSwish": ("HardSwish", (), True),
-    "Swish": ("Swish", (1.702,), False),  # no code in `taps16`: the units' epilogue applies it (`units_of`)
+    "Swish": ("Swish", (1.702,), False),  # no code in `taps16`: `block_sums` applies it to each block's sums
     "residual-Swish": ("Swish", (1.0,), True),
     # a DequantConv's rounding (minfer-passes' epilogue, ROUND): no code in `taps16`, which then stored nothing
     "rounding": ("QuantizeDequantize", (0.05, -128.0, 127.0), False),

@@ -39,7 +39,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from . import channels, team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, SWISH, _value  # noqa: F401 (_value: compiled)
+from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, SWISH, _swish, _value  # noqa: F401 (compiled)
 from .channels import LANES, drain, fill, lined, runs  # noqa: F401 (runs: compiled code calls it)
 from .depthwise import AFTER, applies, compiled_epilogue, finished, path
 from .team import NONE, NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
@@ -58,7 +58,7 @@ def block_sums(x, w, bias, y, c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, o
     plane in y) and the scratch's rows and columns as `_tables` finds them; ``kind``: `TAPS3`, `TAPS5` or `ANY`;
     act: the activation ``op`` with parameters a, b (team.py's `finish`, `team.NONE`: none), in `taps16`'s registers
     where it has code for it, else by `_value` on the block's sums (ROUND, a DequantConv's rounding: `taps16` stores
-    nothing for an op it has no code for). Not SWISH, which `_value` does not compute (`units_of`)."""
+    nothing for an op it has no code for), Swish by `_swish`."""
     hw, oh, ow = x.shape[1] * x.shape[2], y.shape[1], y.shape[2]
     q, acc = lined(hp * wp * LANES), lined(oh * ow * LANES)  # q's borders stay zero: every block fills its interior
     xf, yf = x.reshape(-1), y.reshape(-1)
@@ -75,7 +75,10 @@ def block_sums(x, w, bias, y, c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, o
             cells5(q, wb, bb, acc, offs, oh, ow, row, step, inner, a, b)
         else:
             cells_any(q, wb, bb, acc, offs, oh, ow, row, step)
-        if op != NONE and not registers:
+        if op == SWISH:  # `_value` leaves Swish out (activation.py)
+            for i in range(oh * ow * LANES):
+                acc[uintp(i)] = _swish(acc[uintp(i)], a)
+        elif op != NONE and not registers:
             for i in range(oh * ow * LANES):
                 acc[uintp(i)] = _value(acc[uintp(i)], op, a, b)
         drain(acc, yf, cb * oh * ow, oh * ow, planes, lanes)
@@ -214,13 +217,13 @@ def cells_any(q, w, b, acc, offs, oh, ow, row, step):  # pragma: no cover - comp
 def units_of(x, w, bias, y, table, lo, hi, dst, offs, planes, hp, wp, sh, sw, kind, z, op, a, b):  # pragma: no cover
     """Units lo..hi of ``table`` (rows image, c0, c1): each unit's blocks (`block_sums`) and the fused op's
     epilogue (z: the residual flat, or none; the activation ``op``): without a residual the activation in
-    `block_sums` (Swish excepted: `taps16` has no code for it), else all of it by `team.finish` while the unit is
+    `block_sums` (on each block of 16 channels while in cache), else all of it by `team.finish` while the unit is
     in L2, as depthwise.py's."""
     c, cells = y.shape[1], y.shape[2] * y.shape[3]
     flat = y.reshape(-1)
     for u in range(lo, hi):
         i, c0, c1 = table[u, 0], table[u, 1], table[u, 2]
-        if z.size == 0 and op != SWISH:  # no residual: the activation on the sums while in registers (`taps16`'s)
+        if z.size == 0:  # no residual: the activation on the block's sums (`taps16`'s registers where it can)
             block_sums(x[i], w, bias, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, op, a, b)
         else:
             block_sums(x[i], w, bias, y[i], c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, NONE, a, b)
