@@ -1,6 +1,6 @@
 """Per-step times of minfer's run of a model's float and quantized forms, in one process (medians over runs).
 
-``python bench/results/session28/steps.py MODEL FORMAT [RUNS]`` from the checkout: each engine's steps (op,
+``python bench/results/session28/steps.py MODEL FORMAT [RUNS [BATCH]]`` from the checkout: each engine's steps (op,
 output shape and dtype, kernel) with their median time, the float and quantized runs interleaved.
 """
 
@@ -77,7 +77,8 @@ def main() -> None:
 
     name, fmt = sys.argv[1], sys.argv[2]
     runs = int(sys.argv[3]) if len(sys.argv) > 3 else 30
-    model = bench_models.build(name, 1)
+    batch = int(sys.argv[4]) if len(sys.argv) > 4 else 1
+    model = bench_models.build(name, batch)
     model.ir_version = bench_models.ORT_IR_VERSION
     feeds = bench_models.random_feeds(model)
     engines = {"float": Engine(model)}

@@ -116,6 +116,17 @@ def install_intrinsics() -> None:
     globals()["_f32_from_bits"] = made
 
 
+@jit
+def pow2(k):  # pragma: no cover - compiled
+    """2**k as float32 for an int32 k in [-150, 128] (the float32 exp's range: elementwise.py's EXP_CONSTANTS), as
+    two normal factors 2^(k >> 1) and 2^(k - (k >> 1)) made from their exponent bits, each exact: below 2^-126 the
+    product rounds once to the subnormal 2^k (2^-150 to 0), as a table of float32 powers holds them; 2^128 is inf.
+    No table read, a gather an element: rows.py's Softmax over 4x128x128 scores 71 -> 61 us on one thread,
+    8x4x128x128 545 -> 478. (gelu.py's exp kept its table: called there through `gelu_value` it ran 8x slower.)"""
+    half = k >> 1
+    return _f32_from_bits((half + _BIAS) << 23) * _f32_from_bits((k - half + _BIAS) << 23)
+
+
 @jit(numpy_errors=True)  # its one division is float: without Python's zero test the callers' loops vectorize
 def _swish(v, alpha):  # pragma: no cover - compiled
     """v * sigmoid(alpha * v) in float32 (the module docstring); NaN stays NaN."""
@@ -125,9 +136,7 @@ def _swish(v, alpha):  # pragma: no cover - compiled
     n = np.floor(m * _L2E + _HALF)
     r = (m - n * _LN2HI) - n * _LN2LO
     q = ((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5
-    k = np.int32(n)
-    half = k >> 1
-    e = (_ONE + r + r * r * q) * _f32_from_bits((half + _BIAS) << 23) * _f32_from_bits((k - half + _BIAS) << 23)
+    e = (_ONE + r + r * r * q) * pow2(np.int32(n))
     s = (_ONE if t >= _ZERO else e) / (_ONE + e)
     return v * (s if t == t else t)
 

@@ -38,13 +38,14 @@ from minfer_core import intra_op_threads, kernel, parallel_for
 
 from . import team
 from ._jit import PRIORITY, contiguous, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .activation import pow2  # noqa: F401 (compiled code calls it)
 from .elementwise import EXP_CONSTANTS
 from .team import prange  # noqa: F401 (the drivers', compiled)
 
 _exp_names: dict[str, Any] = {"np": np}
 exec(EXP_CONSTANTS, _exp_names)  # the one definition of the exp's constants (elementwise.py)
 _L2E, _LN2HI, _LN2LO = _exp_names["_L2E"], _exp_names["_LN2HI"], _exp_names["_LN2LO"]
-_EXP_HI, _EXP_LO, _POW2 = _exp_names["_EXP_HI"], _exp_names["_EXP_LO"], _exp_names["_POW2"]
+_EXP_HI, _EXP_LO = _exp_names["_EXP_HI"], _exp_names["_EXP_LO"]
 _P0, _P1, _P2, _P3, _P4, _P5 = _exp_names["_EXP_P"]
 _HALF, _ONE, _ZERO = np.float32(0.5), np.float32(1), np.float32(0)
 
@@ -113,7 +114,7 @@ def _exp(y, lo, hi):  # pragma: no cover - compiled
         t = t - n * _LN2LO
         e = (((((_P0 * t + _P1) * t + _P2) * t + _P3) * t + _P4) * t + _P5) * (t * t)
         e = e + t + _ONE
-        e = e * _POW2[uintp(np.int32(n) + 151)]
+        e = e * pow2(np.int32(n))
         y[uintp(i)] = e if p == p else p
 
 
