@@ -124,13 +124,14 @@ def _batched_ctx(a, b):
                          (None, None), 1)
 
 
-def _attention_operands(seed=0):
-    """Q (1, 4, 128, 64) as a transposed head split gives it, K^T and V as transposed views of (1, 128, 4, 64)."""
+def _attention_operands(seed=0, batch=1):
+    """Q (batch, 4, 128, 64) as a transposed head split gives it, K^T and V as transposed views of (batch, 128, 4,
+    64)."""
     rng = np.random.default_rng(seed)
-    q = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
-    kt = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 3, 1)
-    v = rng.standard_normal((1, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
-    p = rng.standard_normal((1, 4, 128, 128), dtype=np.float32)
+    q = rng.standard_normal((batch, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
+    kt = rng.standard_normal((batch, 128, 4, 64), dtype=np.float32).transpose(0, 2, 3, 1)
+    v = rng.standard_normal((batch, 128, 4, 64), dtype=np.float32).transpose(0, 2, 1, 3)
+    p = rng.standard_normal((batch, 4, 128, 128), dtype=np.float32)
     return q, kt, p, v
 
 
@@ -140,9 +141,10 @@ def test_batched_products_give_numpys_bits_on_a_team_or_not(monkeypatch, threads
     bits (the same BLAS call a matrix), the matrices over a native team on two threads; odd shapes and batch
     dims alike; an A whose rows are not unit-stride goes to numpy's matmul as a whole."""
     q, kt, p, v = _attention_operands()
+    q3, kt3, p3, v3 = _attention_operands(batch=3)  # batch and head axes that do not merge into one
     rng = np.random.default_rng(1)
     strided = rng.standard_normal((2, 9, 16), dtype=np.float32)[:, :, ::2]
-    pairs = [(q, kt), (p, v), (rng.standard_normal((3, 2, 13, 7), dtype=np.float32),
+    pairs = [(q, kt), (p, v), (q3, kt3), (p3, v3), (rng.standard_normal((3, 2, 13, 7), dtype=np.float32),
                                 rng.standard_normal((3, 2, 7, 70), dtype=np.float32)),
              (strided, rng.standard_normal((2, 8, 5), dtype=np.float32))]
     calls: list[int] = []
@@ -161,6 +163,18 @@ def test_batched_products_give_numpys_bits_on_a_team_or_not(monkeypatch, threads
         np.testing.assert_array_equal(y, got)
     if threads == 2 and team.available():
         assert calls, "the team driver never ran"
+
+
+def test_batched_products_read_each_matrix_where_it_lies():
+    """Heads split by a Transpose over several batches (axes whose strides merge into no single batch stride):
+    each matrix is read at its own address in the operand (no copy of the operand: at batch 8 the copies of Q and
+    K^T took longer than the products), K^T as cblas' transposed B in K's layout."""
+    q, kt, _, _ = _attention_operands(batch=3)
+    ops_q, ops_kt = (linear._operand(x.shape, x.strides, rows) for x, rows in ((q, True), (kt, False)))
+    assert ops_q[0] == 4 * 64 and ops_kt[0] == -(4 * 64)  # leading dimensions; negative: read transposed
+    for x, ops in ((q, ops_q), (kt, ops_kt)):  # each matrix's offset in the operand, batch dims row-major
+        assert list(ops[1:]) == [i * x.strides[0] + j * x.strides[1] for i in range(3) for j in range(4)]
+    assert linear._operand(kt.shape, kt.strides, True) is None  # an A is never read transposed
 
 
 def test_batched_products_apply_to_run_time_operands_of_the_same_batch_dims_only():

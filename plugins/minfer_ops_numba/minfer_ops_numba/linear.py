@@ -89,22 +89,22 @@ def _on_team(address, a, w, ldw, yf, n, c, z, blocks, parts, op, p, q):  # pragm
 
 
 @jit
-def products_of(address, a, b, y, m, k, n, lo, hi):  # pragma: no cover - compiled
-    """Matrices lo..hi of a batched product, y[h] = a[h] @ b[h], one BLAS call each (`team.gemm`). ``a``, ``b``:
-    (base address and batch stride in bytes, leading dimension in elements: negative for a B read transposed,
-    as `team.gemm` takes it); y (batch, m, n) C-contiguous."""
+def products_of(address, pa, a, pb, b, y, m, k, n, lo, hi):  # pragma: no cover - compiled
+    """Matrices lo..hi of a batched product, y[h] = a[h] @ b[h], one BLAS call each (`team.gemm`). ``pa``, ``pb``:
+    the operands' addresses; ``a``, ``b``: (leading dimension in elements: negative for a B read transposed, as
+    `team.gemm` takes it; then each matrix's offset in bytes, `_operand`); y (batch, m, n) C-contiguous."""
     py = np.int64(y.ctypes.data)
     for h in range(lo, hi):
-        gemm(address, m, n, k, a[0] + np.int64(h) * a[1], a[2], b[0] + np.int64(h) * b[1], b[2],
-             py + np.int64(h * m * n * 4), n, np.float32(0))
+        gemm(address, m, n, k, pa + a[h + 1], a[0], pb + b[h + 1], b[0], py + np.int64(h * m * n * 4), n,
+             np.float32(0))
 
 
 @jit(parallel=True)
-def team_products(address, a, b, y, m, k, n, parts):  # pragma: no cover - compiled
+def team_products(address, pa, a, pb, b, y, m, k, n, parts):  # pragma: no cover - compiled
     """`products_of` over a native team: part t of the matrices on team thread t."""
     count = y.shape[0]
     for t in prange(parts):
-        products_of(address, a, b, y, m, k, n, count * t // parts, count * (t + 1) // parts)
+        products_of(address, pa, a, pb, b, y, m, k, n, count * t // parts, count * (t + 1) // parts)
 
 
 def plan(m: int, n: int, k: int) -> np.ndarray:
@@ -336,17 +336,22 @@ def _applies_batched(ctx: Any, attrs: dict[str, Any]) -> bool:
     return 0 < k and bool(team.gemm_address())
 
 
-def _operand(x3: np.ndarray, rows: bool) -> np.ndarray | None:
-    """(address, batch stride in bytes, leading dimension in elements: negative when read transposed) of the
-    (batch, r, c) ``x3`` as cblas reads its matrices (one of its two axes unit-stride), int64 for `products_of`;
-    None when neither axis is (the caller keeps x3 alive while the address is used). ``rows``: an A (never passed
-    transposed)."""
-    _, s1, s2 = x3.strides
-    if s2 == 4 and s1 % 4 == 0 and s1 >= 4 * x3.shape[2]:
-        return np.array([x3.ctypes.data, x3.strides[0], s1 // 4], np.int64)
-    if not rows and s1 == 4 and s2 % 4 == 0 and s2 >= 4 * x3.shape[1]:
-        return np.array([x3.ctypes.data, x3.strides[0], -(s2 // 4)], np.int64)
-    return None
+def _operand(shape: tuple[int, ...], strides: tuple[int, ...], rows: bool) -> np.ndarray | None:
+    """[leading dimension in elements (negative when read transposed), then each matrix's offset in bytes] of an
+    array of this shape (batch dims, r, c) and strides as cblas reads its matrices (one of their two axes
+    unit-stride, whatever the batch axes' strides: attention's heads split by a Transpose are read where they
+    lie), int64 for `products_of`; None when neither axis is. ``rows``: an A (never passed transposed)."""
+    s1, s2 = strides[-2:]
+    if s2 == 4 and s1 % 4 == 0 and s1 >= 4 * shape[-1]:
+        ld = s1 // 4
+    elif not rows and s1 == 4 and s2 % 4 == 0 and s2 >= 4 * shape[-2]:
+        ld = -(s2 // 4)
+    else:
+        return None
+    offsets = np.zeros(1, np.int64)
+    for d, stride in zip(shape[:-2], strides[:-2]):  # row-major over the batch dims, as y's matrices lie
+        offsets = (offsets[:, None] + np.arange(d, dtype=np.int64) * stride).reshape(-1)
+    return readonly(np.concatenate(([ld], offsets)).astype(np.int64))
 
 
 @kernel("MatMul", since=1, priority=PRIORITY, prepare=True, out=True, views=False, applies=_applies_batched)
@@ -357,26 +362,37 @@ def batched_matmul(ctx):
     globals()["gemm"] = team.install()  # before products_of compiles: it looks the name up here
     _warm_products(address)
 
+    layouts: dict[tuple[Any, ...], Any] = {}  # per (shapes, strides): `_operand`'s offsets (the same each run)
+
+    def layout(a: np.ndarray, b: np.ndarray) -> Any:
+        key = (a.shape, a.strides, b.shape, b.strides)
+        found = layouts.get(key)
+        if found is None:
+            batch, k = a.shape[:-2], a.shape[-1]
+            same = b.shape[:-2] == batch and b.shape[-2] == k and k and a.ndim == b.ndim
+            if len(layouts) > 64:  # inputs of ever new shapes (a sequence length that varies) would pile up here
+                layouts.clear()
+            found = layouts[key] = (_operand(a.shape, a.strides, True), _operand(b.shape, b.strides, False)) \
+                if same else (None, None)
+        return found
+
     def run(a, b, *, out=None):
         batch, (m, k), n = a.shape[:-2], a.shape[-2:], b.shape[-1]
         count = int(np.prod(batch))
-        a3 = a.reshape(count, m, k) if b.shape[:-2] == batch and b.shape[-2] == k and k else None
-        b3 = b.reshape(count, k, n) if a3 is not None else None  # views where the batch axes merge, else copies
-        ops_a = None if a3 is None else _operand(a3, True)
-        ops_b = None if b3 is None else _operand(b3, False)
+        ops_a, ops_b = layout(a, b)
         if ops_a is None or ops_b is None:  # not what applies saw, or strides cblas cannot read: numpy's
             return _whole(lambda: np.matmul(a, b, out=out), out)
         y = out if out is not None else np.empty(batch + (m, n), np.float32)
         if y.size == 0:
             return y
-        ops = (address, ops_a, ops_b, y.reshape(count, m, n), m, k, n)
+        ops = (address, np.int64(a.ctypes.data), ops_a, np.int64(b.ctypes.data), ops_b, y.reshape(count, m, n), m, k,
+               n)
         threads = team.size() if count > 1 else 1
         if threads > 1:
             team_products(*ops, min(threads, count))
         else:
             parallel_for(count, lambda lo, hi: products_of(*ops, lo, hi), outputs_only=True)  # y[h] a range's own
-        del a3, b3  # alive until here: products_of read them by address
-        return y
+        return y  # a and b alive until here: products_of read them by address
 
     return spmd(run)
 
@@ -393,7 +409,8 @@ def _warm_products(address: int) -> None:
     """`products_of` and its team driver compiled (or loaded) at build with a run's argument types."""
     a, b = np.ones((1, 1, 1), np.float32), np.ones((1, 1, 1), np.float32)
     y = np.zeros((1, 1, 1), np.float32)
-    ops = (address, _operand(a, True), _operand(b, False), y, 1, 1, 1)
+    ops = (address, np.int64(a.ctypes.data), _operand(a.shape, a.strides, True), np.int64(b.ctypes.data),
+           _operand(b.shape, b.strides, False), y, 1, 1, 1)
     products_of(*ops, 0, 1)
     if team.available():
         team_products(*ops, 1)
