@@ -149,13 +149,15 @@ class Compiled:
     take.
     """
 
-    __slots__ = ("fn", "dispatcher", "parallel", "numpy_errors")
+    __slots__ = ("fn", "dispatcher", "parallel", "numpy_errors", "inline")
 
-    def __init__(self, fn: Callable[..., Any], parallel: bool = False, numpy_errors: bool = False) -> None:
+    def __init__(self, fn: Callable[..., Any], parallel: bool = False, numpy_errors: bool = False,
+                 inline: bool = False) -> None:
         self.fn = fn
         self.dispatcher: Any = None
         self.parallel = parallel
         self.numpy_errors = numpy_errors
+        self.inline = inline
 
     def __call__(self, *args: Any) -> Any:
         if self.dispatcher is None:
@@ -168,16 +170,20 @@ _state: dict[str, bool] = {}
 _LOCK = threading.RLock()  # reentrant: a module compiles the modules whose functions it calls
 
 
-def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False, numpy_errors: bool = False) -> Any:
+def jit(fn: Callable[..., Any] | None = None, *, parallel: bool = False, numpy_errors: bool = False,
+        inline: bool = False) -> Any:
     """``numba.njit(nogil=True, cache=True, fastmath=False)``, applied at the first call, cached in `cache_dir`.
 
     ``@jit(parallel=True)`` also compiles ``numba.prange`` loops to run on numba's threads (team.py: only its
     drivers, called when `team.size` says a native team runs). ``@jit(numpy_errors=True)``: numba's
     ``error_model="numpy"``, a float division without the zero test Python's model puts before it (that test
-    keeps a loop calling the function from vectorizing); for functions whose divisions are float only."""
+    keeps a loop calling the function from vectorizing); for functions whose divisions are float only.
+    ``@jit(inline=True)``: numba's ``inline="always"``, the function's body put into each caller's before LLVM
+    sees it, for a small function an element loop calls (activation.py's `pow2`): called through a function that is
+    itself inlined, LLVM left it a call an element (gelu.py's loop 8x slower)."""
     if fn is None:
-        return lambda f: jit(f, parallel=parallel, numpy_errors=numpy_errors)
-    compiled = Compiled(fn, parallel, numpy_errors)
+        return lambda f: jit(f, parallel=parallel, numpy_errors=numpy_errors, inline=inline)
+    compiled = Compiled(fn, parallel, numpy_errors, inline)
     _PENDING.setdefault(fn.__module__, []).append(compiled)
     return compiled
 
@@ -213,7 +219,8 @@ def _compile_module(name: str) -> None:
         numba.config.CACHE_DIR = str(cache_dir())
         try:
             made = [numba.njit(nogil=True, cache=True, fastmath=False, parallel=c.parallel,
-                               error_model="numpy" if c.numpy_errors else "python")(c.fn) for c in pending]
+                               error_model="numpy" if c.numpy_errors else "python",
+                               inline="always" if c.inline else "never")(c.fn) for c in pending]
         finally:
             numba.config.CACHE_DIR = saved
         # every name in place before any proxy hands out its dispatcher: a thread calling one compiles it, and

@@ -23,6 +23,7 @@ from minfer_core import intra_op_threads, kernel, parallel_for, scratch
 
 from . import team
 from ._jit import PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .activation import pow2  # noqa: F401 (compiled code calls it)
 from .elementwise import EXP_CONSTANTS
 from .team import prange  # noqa: F401 (the driver's, compiled)
 
@@ -36,7 +37,7 @@ _HALF, _ONE, _ZERO = np.float32(0.5), np.float32(1), np.float32(0)
 _exp_names: dict[str, Any] = {"np": np}
 exec(EXP_CONSTANTS, _exp_names)  # the one definition of the exp's constants (elementwise.py)
 _L2E, _LN2HI, _LN2LO = _exp_names["_L2E"], _exp_names["_LN2HI"], _exp_names["_LN2LO"]
-_EXP_HI, _EXP_LO, _POW2 = _exp_names["_EXP_HI"], _exp_names["_EXP_LO"], _exp_names["_POW2"]
+_EXP_HI, _EXP_LO = _exp_names["_EXP_HI"], _exp_names["_EXP_LO"]
 _P0, _P1, _P2, _P3, _P4, _P5 = _exp_names["_EXP_P"]
 
 BLOCK = 1 << 16  # elements per parallel_for range
@@ -47,9 +48,10 @@ TEAM_SPLIT_ELEMENTS = 1 << 14
 LINE = 16  # elements per cache line: a team's shares start on one, so that no line is written by two threads
 
 
-@jit
+@jit(inline=True)
 def gelu_value(v):  # pragma: no cover - compiled
-    """GELU of one float32 element; NaN stays NaN (a loop calling it vectorizes: LLVM inlines it)."""
+    """GELU of one float32 element; NaN stays NaN (a loop calling it vectorizes: numba puts its body, and
+    `pow2`'s, in the loop's)."""
     t = abs(v)
     t = t if (t <= _T_MAX or t != t) else _T_MAX  # np.minimum: NaN kept
     p = t * _G5
@@ -65,7 +67,7 @@ def gelu_value(v):  # pragma: no cover - compiled
     r = r - n * _LN2LO
     e = (((((_P0 * r + _P1) * r + _P2) * r + _P3) * r + _P4) * r + _P5) * (r * r)
     e = e + r + _ONE
-    e = e * _POW2[uintp(np.int32(n) + 151)]
+    e = e * pow2(np.int32(n))
     e = e if p == p else p
     e = e * t
     e = e * _HALF
