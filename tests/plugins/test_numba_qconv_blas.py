@@ -75,6 +75,28 @@ def test_residual_and_its_rounding(shape, threads):
     _check(inputs, attrs, threads=threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("micro", [True, False], ids=["micro-kernel", "blas"])
+def test_1x1_by_the_micro_kernel_or_blas(monkeypatch, micro, threads):
+    """A 1x1 stride-1 conv's GEMM by pointwise.py's micro-kernel where it can be built (tiles of 1-4 output
+    channels, a last block of pixels short of 64), else by BLAS on the input as it lies: minfer-ops-conv's values
+    either way (the sums are exact integers), with a residual block's tail, one thread or a team."""
+    from minfer_ops_numba import pointwise, qconv_blas
+
+    if micro and not pointwise.available():
+        pytest.skip("pointwise.py's micro-kernel needs AVX-512 and numba's LLVM 17 or later")
+    if not micro:
+        monkeypatch.setattr(pointwise, "available", lambda: False)
+    plans = []
+    real = qconv_blas.Product._plan
+    monkeypatch.setattr(qconv_blas.Product, "_plan", lambda self, x: plans.append(real(self, x)) or plans[-1])
+    rng = np.random.default_rng(21)
+    inputs, attrs = _node(rng, c=40, m=38, hw=(9, 11), k=(1, 1), residual=True, per_channel=True)
+    inputs[11] = rng.standard_normal(_out_shape(inputs, attrs)).astype(np.float32) * 3
+    _check(inputs, attrs, threads=threads)
+    assert plans and all(plan[3] == (qconv_blas.MICRO if micro else 1) for plan in plans)
+
+
 def test_residual_of_another_shape_is_refused():
     from minfer_ops_numba import qconv_blas
 

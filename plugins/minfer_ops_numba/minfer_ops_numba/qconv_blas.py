@@ -12,6 +12,13 @@ when one runs. An input to quantize (or 8-bit) is centered first, the whole of i
 The sums are exact: `applies` asks that the largest (255 times the weights' row L1 norm, plus the bias) is below
 2**24, where float32 holds every integer, so BLAS's order and fused multiply-adds change nothing and the values are
 minfer-ops-conv's. The core times this kernel against igemm's and numpy's per node.
+
+A 1x1 stride-1 conv of at most pointwise.MAX_CHANNELS input channels takes pointwise.py's AVX-512 micro-kernel
+instead of sgemm where it can be built (`MICRO`: OpenBLAS packs both operands at each call, slow for MobileNetV2's
+projections of 16-32 output channels), each block of 64 pixels then requantized while in cache. The same exact
+sums. MobileNetV2 QDQ, in one process, per step in the run, micro-kernel / sgemm
+(bench/results/session28/micro_steps.py): its ten projection convs 1036 / 1210 us (96->24 at 56x56 124 / 140,
+144->24 with the residual block's tail 173 / 216).
 """
 
 from __future__ import annotations
@@ -22,12 +29,13 @@ import numpy as np
 
 from minfer_core import KernelContext, TensorType, intra_op_threads, kernel, parallel_for, scratch, spmd
 
-from . import smallconv, team
+from . import pointwise, smallconv, team
 from ._jit import PRIORITY, input_type, jit, readonly
 from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _given, _scaled_epilogue
 from .igemm import requantize_channels  # noqa: F401 (compiled code calls it)
 from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand,  # noqa: F401
                          fitted, scaled_run)
+from .pointwise import MR, W, _tile  # noqa: F401 (compiled code calls it)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
@@ -58,7 +66,8 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
     """Units lo..hi of ``found`` ((i0, i1, r0, r1, m0, m1): images, output rows, output channels): smallconv.py's
     `units_of` (an im2col into ``cf`` unless ``direct``, a BLAS GEMM an image into y's rows) with `requantize_channels`
     on the unit's rows as the epilogue, then, when ``z`` (flat, y's shape) is not empty, `_plus_residual`.
-    ``full``: the centered weights (M, K + 1), a last column of zeros."""
+    ``full``: the centered weights (M, K + 1), a last column of zeros. ``direct`` `MICRO` (a 1x1 stride-1 conv of
+    at most pointwise.MAX_CHANNELS input channels): pointwise.py's micro-kernel instead of BLAS (`_blocks`)."""
     mm, ohw, hw, rows = y.shape[1], y.shape[2], xs.shape[2] * xs.shape[3], full.shape[1]
     k = xs.shape[1] if direct else rows
     yf, x0, y0, w0 = y.reshape(-1), np.int64(xs.ctypes.data), np.int64(y.ctypes.data), np.int64(full.ctypes.data)
@@ -67,6 +76,11 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
         i0, i1, r0, r1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4], found[u, 5]
         ow = geos[u, 11]
         ncols = (r1 - r0) * ow
+        if direct == MICRO:
+            for i in range(i0, i1):
+                _blocks(x0 + 4 * i * k * hw, w0, y0, yf, k, rows, mm, hw, i, r0 * ow, r1 * ow, m0, m1, m, c, s, b,
+                        params, z, grid)
+            continue
         if not direct:
             im2col(xs, cf, i1 - i0, 1, rows, ncols, geos[u])
         for i in range(i0, i1):
@@ -77,6 +91,26 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
             requantize_channels(yf, at, m0, m1, ncols, ohw, m, c, s, b, params)
             if z.size:
                 _plus_residual(yf, z, at, m0, m1, ncols, ohw, grid)
+
+
+@jit
+def _blocks(xb, w0, y0, yf, k, rows, mm, hw, i, p0, p1, m0, m1, m, c, s, b, params, z, grid):  # pragma: no cover
+    """Image i's pixels p0..p1 of output channels m0..m1 of a 1x1 stride-1 conv by pointwise.py's micro-kernel
+    (`_tile`: MR channels by W pixels in registers, the K products of each output added in channel order by fused
+    multiply-adds, exact here as BLAS's are: integers below 2**24), the input's rows read where they lie from
+    ``xb``; then the unit's epilogue on each block of W pixels while it is in cache."""
+    for n0 in range(p0, p1, W):
+        w = min(W, p1 - n0)
+        r = m0
+        while r < m1:
+            t = min(MR, m1 - r)
+            _tile(t, w0 + np.int64(4 * r * rows), np.int64(4 * rows), np.int64(k), xb + np.int64(4 * n0),
+                  np.int64(4 * hw), y0 + np.int64(4 * ((i * mm + r) * hw + n0)), np.int64(4 * hw), np.int64(w))
+            r += t
+        at = (i * mm + m0) * hw + n0
+        requantize_channels(yf, at, m0, m1, w, hw, m, c, s, b, params)
+        if z.size:
+            _plus_residual(yf, z, at, m0, m1, w, hw, grid)
 
 
 @jit(parallel=True)
@@ -122,6 +156,9 @@ def _weight_fits(ctx: Any, x: Any, w: Any, zp_index: int) -> bool:
 
 
 NO_GRID = readonly(np.zeros(3, np.float32))
+# `_units`' ``direct`` for a 1x1 stride-1 conv whose GEMM pointwise.py's micro-kernel takes (else 1: BLAS on x as
+# it lies; 0: an im2col first)
+MICRO = 2
 
 
 def _window_fits(attrs: dict) -> bool:
@@ -192,6 +229,16 @@ class Product:
         self.chain, self.address = chain, team.gemm_address()
         self.plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
         globals()["gemm"] = team.install()  # before _units compiles: it looks the name up here
+        self.micro = self.w.shape[1] <= pointwise.MAX_CHANNELS and pointwise.available()
+        if self.micro:
+            pointwise._ensure_kernels()  # its intrinsics, before _units (which calls `_tile`) compiles
+
+    def _plan(self, x: np.ndarray) -> tuple[Any, ...]:
+        """smallconv.py's compiled plan for x's shape, its ``direct`` `MICRO` where pointwise.py's micro-kernel
+        takes the GEMM (a 1x1 stride-1 conv of at most pointwise.MAX_CHANNELS input channels)."""
+        found, geos, size, direct, shape = self.node.compiled_plan(x)
+        micro = direct and self.micro and self.w.shape[1] == x.shape[1]
+        return found, geos, size, MICRO if micro else int(direct), shape
 
     def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
         """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's
@@ -200,9 +247,10 @@ class Product:
         m, rows = full.shape
         x, y, found, geos = smallconv.warm_unit(m, rows - 1)
         args = (self.address, x, full, y, found, geos)
-        _units(*args, np.zeros(1, np.float32), True, 0, 1, *operands, self.chain, EMPTY, NO_GRID)
-        if team.available():
-            _team_units(*args, np.zeros((1, 1), np.float32), True, *operands, self.chain, EMPTY, NO_GRID)
+        for direct in (1, MICRO) if self.micro else (1,):
+            _units(*args, np.zeros(1, np.float32), direct, 0, 1, *operands, self.chain, EMPTY, NO_GRID)
+            if team.available():
+                _team_units(*args, np.zeros((1, 1), np.float32), direct, *operands, self.chain, EMPTY, NO_GRID)
         if mode != CENTERED:
             _center_all(readonly(np.zeros((1, rows - 1, 1, 1), dtype)), np.zeros(x.shape, np.float32), mode, quant)
 
@@ -217,7 +265,7 @@ class Product:
         """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands, then
         + z and the rounding on ``grid`` when z is given."""
         found, geos, size, direct, shape = self.plans.get(x.shape) or self.plans.setdefault(
-            x.shape, self.node.compiled_plan(x))
+            x.shape, self._plan(x))
         y = np.empty(shape, np.float32)
         if y.size == 0:
             return y
