@@ -305,6 +305,38 @@ def test_scaled_conv_integer_bit_for_bit(case):
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", ["stride2-team", "relu-affine-pc", "nan"])
+def test_dynamic_stem_by_the_direct_loop_bit_for_bit(case, threads):
+    """A dynamic stem (DynamicQuantizeLinear inside, at most 4 input channels, 3x3) runs qstem.py's direct loop on
+    the input quantized and centered on the range it finds, the chain band by band, one thread or a team: the numpy
+    kernel's bits; an input holding NaN goes to igemm's path (its own quantization of a NaN range)."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import qstem
+
+    rng = np.random.default_rng(len(case) + threads)
+    kw = {"stride2-team": dict(c=3, m=32, hw=(80, 84), strides=[2, 2], pads=[1, 1, 1, 1]),
+          "relu-affine-pc": dict(c=3, m=16, hw=(20, 21), strides=[2, 2], pads=[1, 1, 1, 1], activation="Relu",
+                                 activation_params=[], affine=True, per_channel=True),
+          "nan": dict(c=2, m=9, hw=(11, 19), pads=[1, 1, 1, 1])}[case]
+    inputs, attrs = _scaled_node(rng, **kw)
+    if case == "nan":
+        inputs[0][0, 1, 2, 3] = np.nan
+    mine, numpy_run = _scaled_both(inputs, attrs)
+    assert isinstance(mine.stem, qstem.QStem)
+    args = [None if i in (1, 3) else v for i, v in enumerate(inputs)]
+    calls = []
+    real = qstem.QStem.into
+    with pytest.MonkeyPatch.context() as patch, np.errstate(invalid="ignore"):
+        patch.setattr(qstem.QStem, "into", lambda self, *a, **k: calls.append(1) or real(self, *a, **k))
+        with using_threads(threads):
+            got = mine(*args)
+        want = numpy_run(*args)
+    assert bool(calls) == (case != "nan")  # a range with NaN is not finite: igemm's path, not the stem
+    assert np.unique(want).size > 10
+    np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
 def test_scaled_conv_integer_declines_depthwise_and_float_input_without_dynamic():
     """A depthwise ScaledConvInteger, or a float32 input without dynamic_input, stays with minfer-ops-conv."""
     from minfer_core import KernelContext, TensorType

@@ -24,15 +24,17 @@ from bench import models as bench_models  # noqa: E402
 from bench.quantized import quantize  # noqa: E402
 
 
-def alternate(found: Any, switch: Any, rounds: int, labels: tuple[str, str]) -> None:
-    """Per static quantized MobileNetV2: the kernel objects ``found`` picks among the live ones, ``switch(obj, on)``
-    on and off in turn (20 runs a block), the model's medians either way and whether the outputs agree."""
+def alternate(found: Any, switch: Any, rounds: int, labels: tuple[str, str],
+              formats: tuple[str, ...] = ("qdq", "qdq_pc", "qoperator")) -> None:
+    """Per quantized MobileNetV2 (``formats``): the kernel objects ``found`` picks among the live ones,
+    ``switch(obj, on)`` on and off in turn (20 runs a block), the model's medians either way and whether the
+    outputs agree."""
     from minfer_core import Engine
 
     model = bench_models.build("mobilenet_v2", 1)
     model.ir_version = bench_models.ORT_IR_VERSION
     feeds = bench_models.random_feeds(model)
-    for fmt in ("qdq", "qdq_pc", "qoperator"):
+    for fmt in formats:
         engine = Engine(quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt))
         objects = [o for o in gc.get_objects() if found(o)]
         times: dict[bool, list[float]] = {True: [], False: []}

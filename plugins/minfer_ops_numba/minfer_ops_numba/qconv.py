@@ -13,10 +13,13 @@ where a window holds it, as the float conv does.
 Measured on one thread of this machine (loaded): resnet50's convs 1.3-3x the numpy kernels (the 3x3 ones ~2x,
 the chunked 512-channel ones 2.5-7x), MobileNetV2's small 1x1 convs (K of 16-32 rows, wide images) 0.7-1x,
 where igemm's write-out of each sum costs more than sgemm's product: the core's per-node timing keeps the
-numpy kernel there. ``applies``: group 1 (depthwise convs are not GEMMs), a 4-D input of known channels, a
-constant 8-bit 4-D weight and zero point whose sums int32 holds, FloatQLinearConv's constant quantization
-parameters and float32 output, ScaledConvInteger's compiled epilogue, and VNNI (igemm's portable kernel is
-slower than sgemm).
+numpy kernel there. A stem (at most 4 input channels, 3x3) takes qstem.py's direct loop instead:
+FloatQLinearConv's, and since session 28 a dynamic ScaledConvInteger's (its input's range found first, then
+quantized and centered by the stem: MobileNetV2's dynamic model 11.03 -> 10.77 ms in one process,
+bench/results/session28/dynamic-stem-ab.txt). ``applies``: group 1 (depthwise convs are not GEMMs), a 4-D input
+of known channels, a constant 8-bit 4-D weight and zero point whose sums int32 holds, FloatQLinearConv's constant
+quantization parameters and float32 output, ScaledConvInteger's compiled epilogue, and VNNI (igemm's portable
+kernel is slower than sgemm).
 """
 
 from __future__ import annotations
@@ -364,11 +367,20 @@ class ScaledConv:
     """One ScaledConvInteger, prepared: [DynamicQuantizeLinear of x,] the integer conv, the compiled epilogue."""
 
     def __init__(self, ctx: Any, attrs: dict) -> None:
-        self.conv = qg.IntegerConv(_constant(ctx, 1), _constant(ctx, 3), attrs)
+        w, wz = _constant(ctx, 1), _constant(ctx, 3)
+        self.conv = qg.IntegerConv(w, wz, attrs)
         self.epilogue = _scaled_epilogue(ctx, attrs)
         self.dynamic = _dynamic_quantizer(ctx) if attrs.get("dynamic_input") else None
         self.range_params = _range_params(ctx) if attrs.get("dynamic_input") else None
         qg.compile_for(np.dtype(np.uint8) if self.dynamic else input_type(ctx, 0).dtype)
+        # a dynamic stem whose float32 sums are exact: qstem.py's direct loop, the chain applied band by band
+        one = readonly(np.ones(1, np.float32))
+        chain = _chain(self.epilogue, [one, None, None, None])
+        self.stem = None
+        if self.dynamic and self.range_params is not None and chain is not None and qstem.fits(w, attrs) and \
+                _bound(w, wz, None) < EXACT:
+            self.stem = qstem.QStem(w, wz, attrs)
+            self.stem.warm(chain.operands)
         if self.dynamic:
             value_range(np.zeros(1, np.float32))  # compiled at build, not in the first run
 
@@ -394,13 +406,29 @@ class ScaledConv:
         out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
         if not out.size:
             return out
-        q, zero, factor = self._input(x, x_zero_point, scale)
-        m = readonly(np.ascontiguousarray(factor))
         sv, av = (None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
                   for v in (s, a))
-
+        if self.stem is not None and self._stem(x, scale, sv, av, out):
+            return out
+        q, zero, factor = self._input(x, x_zero_point, scale)
+        m = readonly(np.ascontiguousarray(factor))
         self.conv(q, zero, out, out, None, chain=_chain(self.epilogue, [m, None, sv, av]))  # in igemm's write-out
         return out
+
+    def _stem(self, x: np.ndarray, scale: Any, sv: Any, av: Any, out: np.ndarray) -> bool:
+        """A dynamic stem by qstem.py: x's range, DynamicQuantizeLinear's scale and zero point from it as `_input`
+        makes them, x quantized and centered on that grid by the stem, its exact sums and the chain band by band
+        (the same operations as igemm's write-out: the same bits). False where x is not finite (igemm's path
+        then, with the kernel's own quantization) or holds NaN."""
+        mn, mx = value_range(x)  # one pass (dynamic_quant.py)
+        if not (-np.inf < mn and mx < np.inf):
+            return False
+        x_scale, zp = self.range_params(mn, mx)
+        zero = int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])
+        factor = np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0])  # the numpy kernel's Mul
+        m = readonly(np.asarray(factor, np.float32).reshape(-1)[:1])
+        grid = (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero))
+        return self.stem.into(x, grid, zero, out, _chain(self.epilogue, [m, None, sv, av]).operands)
 
 
 @kernel("ScaledConvInteger", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(1, 3), views=False,
