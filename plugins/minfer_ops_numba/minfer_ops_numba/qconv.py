@@ -363,6 +363,11 @@ def _scaled_fits(ctx: Any, attrs: dict) -> bool:
     return _bound(w, wz, None) < INT32 and _scaled_epilogue(ctx, attrs) is not None
 
 
+def _factor(x_scale: Any, scale: Any) -> np.ndarray:
+    """The sums' float32 scale, x's times the node's, as the numpy kernel's Mul computes it (one element)."""
+    return np.asarray(np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0]), np.float32).reshape(-1)[:1]
+
+
 class ScaledConv:
     """One ScaledConvInteger, prepared: [DynamicQuantizeLinear of x,] the integer conv, the compiled epilogue."""
 
@@ -390,17 +395,28 @@ class ScaledConv:
         if self.dynamic is None:
             zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
-        mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
-        if -np.inf < mn and mx < np.inf:  # finite (NaN compares false)
-            x_scale, zp = self.range_params(mn, mx)
-            zero = int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])
-            q, _ = qg.quantized(x, (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)), np.dtype(np.uint8),
-                                zero)
+        found = self._grid(x)
+        if found is not None:
+            x_scale, zero = found
+            q, _ = qg.quantized(x, self._quantize(x_scale, zero), np.dtype(np.uint8), zero)
         else:  # NaN or an infinity: the kernel quantizes x itself, as the numpy kernel does
             q, x_scale, zp = self.dynamic(x)
             zero = int(np.asarray(zp).reshape(-1)[0])
-        product = np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0])  # the numpy kernel's Mul
-        return q, zero, np.asarray(product, np.float32).reshape(-1)[:1]
+        return q, zero, _factor(x_scale, scale)
+
+    def _grid(self, x: np.ndarray) -> tuple[Any, int] | None:
+        """DynamicQuantizeLinear's (scale, zero point) of x as the numpy kernel finds them (the kernel on [min, max]),
+        or None where x holds NaN or an infinity (or nothing)."""
+        mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
+        if not (-np.inf < mn and mx < np.inf):  # NaN compares false
+            return None
+        x_scale, zp = self.range_params(mn, mx)
+        return x_scale, int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])
+
+    @staticmethod
+    def _quantize(x_scale: Any, zero: int) -> tuple[np.float32, np.float32, np.float32]:
+        """The (scale, low, high) qconv_gemm.py's quantization takes for uint8 with this zero point."""
+        return np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)
 
     def __call__(self, x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
         out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
@@ -420,15 +436,13 @@ class ScaledConv:
         makes them, x quantized and centered on that grid by the stem, its exact sums and the chain band by band
         (the same operations as igemm's write-out: the same bits). False where x is not finite (igemm's path
         then, with the kernel's own quantization) or holds NaN."""
-        mn, mx = value_range(x)  # one pass (dynamic_quant.py)
-        if not (-np.inf < mn and mx < np.inf):
+        found = self._grid(x)
+        if found is None:
             return False
-        x_scale, zp = self.range_params(mn, mx)
-        zero = int(zp) if isinstance(zp, np.float32) else int(np.asarray(zp).reshape(-1)[0])
-        factor = np.multiply(x_scale, np.asarray(scale, np.float32).reshape(-1)[0])  # the numpy kernel's Mul
-        m = readonly(np.asarray(factor, np.float32).reshape(-1)[:1])
-        grid = (np.float32(x_scale), np.float32(-zero), np.float32(255 - zero))
-        return self.stem.into(x, grid, zero, out, _chain(self.epilogue, [m, None, sv, av]).operands)
+        x_scale, zero = found
+        m = readonly(_factor(x_scale, scale))
+        return self.stem.into(x, self._quantize(x_scale, zero), zero, out,
+                              _chain(self.epilogue, [m, None, sv, av]).operands)
 
 
 @kernel("ScaledConvInteger", domain=MINFER, since=1, priority=PRIORITY, prepare=True, packed=(1, 3), views=False,

@@ -236,9 +236,8 @@ class Product:
     def _plan(self, x: np.ndarray) -> tuple[Any, ...]:
         """smallconv.py's compiled plan for x's shape, its ``direct`` `MICRO` where pointwise.py's micro-kernel
         takes the GEMM (a 1x1 stride-1 conv of at most pointwise.MAX_CHANNELS input channels)."""
-        found, geos, size, direct, shape = self.node.compiled_plan(x)
-        micro = direct and self.micro and self.w.shape[1] == x.shape[1]
-        return found, geos, size, MICRO if micro else int(direct), shape
+        found, geos, size, direct, shape = self.node.compiled_plan(x)  # direct: 1x1 stride 1, x read as it lies
+        return found, geos, size, MICRO if direct and self.micro else int(direct), shape
 
     def warm(self, mode: int, dtype: Any, quant: np.ndarray, operands: tuple) -> None:
         """Compile (or load from numba's cache) at build, with a run's argument types: the units, the team's
