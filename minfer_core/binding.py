@@ -48,13 +48,15 @@ class Program:
         self.intermediate = frozenset(s for sp in self.specs for s in sp.outs if s)
         self.graph_outputs = frozenset(self.slots[n] for n in self.graph.outputs)
 
-    def check_outputs(self, i: int, results: Sequence[Any], expect: dict[int, TensorType]) -> None:
-        """Step ``i``'s results on a discovery run against the types inferred for them: a mismatch names the kernel."""
-        spec = self.specs[i]
+    def check_outputs(self, i: int, results: Sequence[Any], shared: frozenset, expect: dict[int, TensorType]) -> None:
+        """Step ``i``'s results on a discovery run against the types inferred for them, and against its kernel's
+        ``views=False`` (``shared``: the (output, input) pairs sharing memory): a mismatch names the kernel."""
+        spec, k = self.specs[i], self.specs[i].kernel
         for j, slot in enumerate(spec.outs):
             why = _mismatch(results[j] if j < len(results) else None, expect.get(slot)) if slot else None
+            if k.views is False and any(o == j for o, _ in shared):  # the plan would let the input be overwritten
+                why = "memory of an input (it declares views=False)"
             if why:
-                k = spec.kernel
                 raise KernelError(f"{self.step_nodes[i].label}: kernel {k.op_type}-{k.since} from plugin {k.plugin!r} "
                                   f"returned {why} for output {self.step_nodes[i].outputs[j]!r}")
 

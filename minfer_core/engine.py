@@ -223,8 +223,7 @@ class Engine:
         """
         if feeds is not None:
             self.run(None, feeds)
-        report: dict[str, Any] = self.executor.memory_report()
-        return report
+        return dict(self.executor.memory_report())
 
     def profile(self, feeds: Mapping[str, Any], path: str | None = None, *, repeat: int = 1) -> dict[str, Any]:
         """Run ``repeat`` times recording each node's time; returns (and writes to ``path``) a Chrome trace."""

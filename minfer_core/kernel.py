@@ -21,8 +21,8 @@ default to the old behaviour, so existing kernels need no change):
 ``out=True`` says the run callable accepts an ``out=`` keyword (a planned
 array of the output's shape and dtype) and writes its single output there;
 ``inplace=(0,)`` says that ``out`` may be the very array passed as input 0
-(elementwise ops); ``views=False`` promises the outputs never share memory
-with the inputs (``True``: they may; ``None``: unknown, the engine observes).
+(elementwise ops); ``views=False`` promises the outputs never share memory with
+the inputs (held to it in each shape's first run; ``None``: the engine checks).
 A preparing kernel may also declare ``packed=(1, 2)``: it copied (pre-packed)
 those inputs from ``ctx.constants`` at build time and its run callable
 ignores them, so when no other node reads such an initializer the engine

@@ -47,10 +47,10 @@ def execute(vals: list[Any], steps: Steps) -> None:
 
 def execute_watching(vals: list[Any], steps: Sequence[Step], nodes: Sequence[Node], observers: Sequence[Any],
                      observed: dict[int, tuple[tuple[int, ...], np.dtype]] | None,
-                     check: Callable[[int, Sequence[Any]], None] | None = None) -> list[frozenset[tuple[int, int]]]:
+                     check: Callable[..., None] | None = None) -> list[frozenset[tuple[int, int]]]:
     """The observed loop; with ``observed``, the discovery loop that also records each output's
     shape (into ``observed``) and which inputs it shares memory with (returned per step), after
-    ``check(step, results)`` (which raises for a result its kernel should not have returned)."""
+    ``check(step, results, shared)`` (which raises for a result its kernel should not have returned)."""
     seen: list[frozenset[tuple[int, int]]] = []
     i = 0
     try:
@@ -64,9 +64,9 @@ def execute_watching(vals: list[Any], steps: Sequence[Step], nodes: Sequence[Nod
             for ob in observers:
                 ob.on_node_end(node, results)
             if observed is not None:
+                seen.append(shared := shared_memory(results, args))
                 if check is not None:
-                    check(i, results)
-                seen.append(shared_memory(results, args))
+                    check(i, results, shared)
                 observed.update((slot, (v.shape, v.dtype)) for slot, v in zip(outs, results) if slot and isinstance(v, np.ndarray))
             _put(vals, outs, results)
             for slot in free:

@@ -13,10 +13,10 @@ from modelkit import make_model, tensor
 DOMAIN = "test.contract"
 
 
-def _bad(result):
+def _bad(result, views=None):
     """A plugin whose op Bad (output type = input type) has a kernel returning ``result(x)``."""
 
-    @kernel("Bad", domain=DOMAIN)
+    @kernel("Bad", domain=DOMAIN, views=views)
     def bad(x):
         """Bad-1: returns whatever the test asks for."""
         return result(x)
@@ -79,3 +79,22 @@ def test_a_kernel_writing_into_its_input_fails_and_leaves_the_feed_unchanged(min
         _session().run(None, {"x": feed})
     np.testing.assert_array_equal(feed, np.ones((2, 3), np.float32))
     assert feed.flags.writeable  # the caller's own array is not made read-only
+
+
+@pytest.mark.parametrize("result", [lambda x: x, lambda x: x.reshape(3, 2).reshape(2, 3), lambda x: x[::1]])
+def test_a_kernel_declaring_views_false_that_returns_a_view_of_its_input_names_the_kernel(minfer_plugin, result):
+    """``views=False`` lets the memory plan give the output its own buffer and reuse the input's: a kernel breaking
+    it (its input, or a view of it) is a KernelError naming node, kernel and plugin on the first run of a shape."""
+    minfer_plugin(_bad(result, views=False))
+    with pytest.raises(KernelError) as info:
+        _session().run(None, {"x": np.ones((2, 3), np.float32)})
+    text = str(info.value)
+    assert "the_bad_node" in text and "kernel Bad-1 from plugin" in text and "views=False" in text and "'b'" in text
+
+
+def test_a_kernel_that_may_return_views_can_return_its_input(minfer_plugin):
+    """Without ``views=False`` returning the input is allowed (the plan tracks the alias): the check above is the
+    declaration's, not a ban on views."""
+    minfer_plugin(_bad(lambda x: x))
+    out = _session().run(None, {"x": np.full((2, 3), -1, np.float32)})[0]
+    np.testing.assert_array_equal(out, np.zeros((2, 3), np.float32))

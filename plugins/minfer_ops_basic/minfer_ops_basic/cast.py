@@ -248,61 +248,61 @@ def dequantize(x, scale, zero_point, *, axis=1, block_size=0, output_dtype=0):
     return arr(v * spread(scale, x, axis, block_size).astype(work), target)
 
 
-@kernel("QuantizeLinear", since=23)
+@kernel("QuantizeLinear", since=23, views=False)
 def quantize_linear_23(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, precision=0, saturate=1):
     """QuantizeLinear-23: adds `precision` for the division."""
     return quantize(x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype, saturate=saturate, precision=precision)
 
 
-@kernel("QuantizeLinear", since=21)
+@kernel("QuantizeLinear", since=21, views=False)
 def quantize_linear_21(x, y_scale, y_zero_point=None, *, axis=1, block_size=0, output_dtype=0, saturate=1):
     """QuantizeLinear-21: blocked quantization and an explicit output_dtype."""
     return quantize(x, y_scale, y_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype, saturate=saturate)
 
 
-@kernel("QuantizeLinear", since=19)
+@kernel("QuantizeLinear", since=19, views=False)
 def quantize_linear_19(x, y_scale, y_zero_point=None, *, axis=1, saturate=1):
     """QuantizeLinear-19: float8 targets, clamped when saturate=1."""
     return quantize(x, y_scale, y_zero_point, axis=axis, saturate=saturate)
 
 
-@kernel("QuantizeLinear", since=13)
+@kernel("QuantizeLinear", since=13, views=False)
 def quantize_linear_13(x, y_scale, y_zero_point=None, *, axis=1):
     """QuantizeLinear-13: per-tensor or per-axis scale."""
     return quantize(x, y_scale, y_zero_point, axis=axis)
 
 
-@kernel("QuantizeLinear", since=10)
+@kernel("QuantizeLinear", since=10, views=False)
 def quantize_linear_10(x, y_scale, y_zero_point=None):
     """QuantizeLinear-10: per-tensor scale into uint8/int8."""
     return quantize(x, y_scale, y_zero_point)
 
 
-@kernel("DequantizeLinear", since=23)
+@kernel("DequantizeLinear", since=23, views=False)
 def dequantize_linear_23(x, x_scale, x_zero_point=None, *, axis=1, block_size=0, output_dtype=0):
     """DequantizeLinear-23: adds an explicit output_dtype."""
     return dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size, output_dtype=output_dtype)
 
 
-@kernel("DequantizeLinear", since=21)
+@kernel("DequantizeLinear", since=21, views=False)
 def dequantize_linear_21(x, x_scale, x_zero_point=None, *, axis=1, block_size=0):
     """DequantizeLinear-21: blocked dequantization."""
     return dequantize(x, x_scale, x_zero_point, axis=axis, block_size=block_size)
 
 
-@kernel("DequantizeLinear", since=13)
+@kernel("DequantizeLinear", since=13, views=False)
 def dequantize_linear_13(x, x_scale, x_zero_point=None, *, axis=1):
     """DequantizeLinear-13: per-tensor or per-axis scale."""
     return dequantize(x, x_scale, x_zero_point, axis=axis)
 
 
-@kernel("DequantizeLinear", since=10)
+@kernel("DequantizeLinear", since=10, views=False)
 def dequantize_linear_10(x, x_scale, x_zero_point=None):
     """DequantizeLinear-10: per-tensor scale."""
     return dequantize(x, x_scale, x_zero_point)
 
 
-@kernel("DynamicQuantizeLinear", since=11)
+@kernel("DynamicQuantizeLinear", since=11, views=False)
 def dynamic_quantize_linear(x):
     """DynamicQuantizeLinear-11: uint8 quantization whose range always includes 0; returns y, scale, zero point."""
     hi = np.float32(max(0.0, float(np.max(x)) if x.size else 0.0))

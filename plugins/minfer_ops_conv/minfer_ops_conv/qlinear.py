@@ -57,7 +57,7 @@ def _out_dtype(zero_point: np.ndarray | None, x: np.ndarray) -> np.dtype:
     return x.dtype if zero_point is None else np.asarray(zero_point).dtype
 
 
-@kernel("QLinearAdd", domain=MS, since=1)
+@kernel("QLinearAdd", domain=MS, since=1, views=False)
 def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
     """QLinearAdd-1 (com.microsoft): quantized A + B with numpy broadcasting."""
     va = _centered(a, a_zero_point) * (_f32(a_scale) / _f32(c_scale))
@@ -65,7 +65,7 @@ def qlinear_add(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_z
     return _saturate(np.add(va, vb), c_zero_point, _out_dtype(c_zero_point, a), zp_first=True)
 
 
-@kernel("QLinearMul", domain=MS, since=1)
+@kernel("QLinearMul", domain=MS, since=1, views=False)
 def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_zero_point=None):
     """QLinearMul-1 (com.microsoft): quantized A * B with numpy broadcasting."""
     scale = _f32(a_scale) * _f32(b_scale) / _f32(c_scale)
@@ -74,7 +74,7 @@ def qlinear_mul(a, a_scale, a_zero_point, b, b_scale, b_zero_point, c_scale, c_z
     return _saturate(v, c_zero_point, _out_dtype(c_zero_point, a), zp_first=True)
 
 
-@kernel("QLinearGlobalAveragePool", domain=MS, since=1)
+@kernel("QLinearGlobalAveragePool", domain=MS, since=1, views=False)
 def qlinear_global_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point, *, channels_last=0):
     """QLinearGlobalAveragePool-1 (com.microsoft): the mean over spatial dims, requantized."""
     axes = tuple(range(1, x.ndim - 1)) if channels_last else tuple(range(2, x.ndim))
@@ -85,7 +85,7 @@ def qlinear_global_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point,
     return _saturate(acc.astype(np.float32) * scale, y_zero_point, x.dtype)
 
 
-@kernel("QLinearAveragePool", domain=MS, since=1)
+@kernel("QLinearAveragePool", domain=MS, since=1, views=False)
 def qlinear_average_pool(x, x_scale, x_zero_point, y_scale, y_zero_point=None, *, auto_pad="NOTSET", ceil_mode=0,
                          channels_last=0, count_include_pad=0, kernel_shape, pads=None, strides=None):
     """QLinearAveragePool-1 (com.microsoft): AveragePool of the dequantized x in float32, requantized."""
@@ -114,7 +114,7 @@ def _lookup(x: np.ndarray, table: np.ndarray) -> np.ndarray:
     return table[x.astype(np.int64) - np.iinfo(x.dtype).min]
 
 
-@kernel("QLinearLeakyRelu", domain=MS, since=1)
+@kernel("QLinearLeakyRelu", domain=MS, since=1, views=False)
 def qlinear_leaky_relu(x, x_scale, x_zero_point, y_scale, y_zero_point=None, *, alpha=0.01):
     """QLinearLeakyRelu-1 (com.microsoft): LeakyRelu of the dequantized x, requantized through a table."""
     a = np.float32(alpha)
@@ -127,13 +127,13 @@ def _sigmoid(v: np.ndarray) -> np.ndarray:
         return np.float32(1.0) / (np.float32(1.0) + np.exp(-v))
 
 
-@kernel("QLinearSigmoid", domain=MS, since=1)
+@kernel("QLinearSigmoid", domain=MS, since=1, views=False)
 def qlinear_sigmoid(x, x_scale, x_zero_point, y_scale, y_zero_point=None):
     """QLinearSigmoid-1 (com.microsoft): Sigmoid of the dequantized x, requantized through a table."""
     return _lookup(x, _table(x_scale, x_zero_point, y_scale, y_zero_point, x.dtype, _sigmoid))
 
 
-@kernel("QLinearConcat", domain=MS, since=1)
+@kernel("QLinearConcat", domain=MS, since=1, views=False)
 def qlinear_concat(y_scale, y_zero_point, *tuples, axis):
     """QLinearConcat-1 (com.microsoft): inputs requantized to y's scale and zero point, then concatenated."""
     parts = []
@@ -168,7 +168,7 @@ def _softmax_rows(x: np.ndarray, table: np.ndarray, y_scale: np.ndarray, y_zero_
     return np.clip(q, info.min, info.max).astype(x.dtype)
 
 
-@kernel("QLinearSoftmax", domain=MS, since=1)
+@kernel("QLinearSoftmax", domain=MS, since=1, views=False)
 def qlinear_softmax(x, x_scale, x_zero_point=None, y_scale=None, y_zero_point=None, *, axis=-1, opset):
     """QLinearSoftmax-1 (com.microsoft): Softmax (opset < 13: over the flattened axis.. dims) of quantized x."""
     axis %= x.ndim
@@ -221,7 +221,7 @@ class HeldB:
         return acc
 
 
-@kernel("QGemm", domain=MS, since=1, prepare=True, packed=(3,))
+@kernel("QGemm", domain=MS, since=1, prepare=True, packed=(3,), views=False)
 def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
     """QGemm-1 (com.microsoft): alpha * (A - a_zp) (B - b_zp) + C, requantized, or as float32 without y_scale."""
     consts = tuple(ctx.constants) + (None,) * 9

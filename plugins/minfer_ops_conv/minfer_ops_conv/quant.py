@@ -264,13 +264,13 @@ def _build_weights(ctx, w_index: int, zp_index: int, group: int, extra: float = 
     return _held(consts[w_index], consts[zp_index], group, extra)
 
 
-@kernel("ConvInteger", since=10, prepare=True, packed=(1, 3))
+@kernel("ConvInteger", since=10, prepare=True, packed=(1, 3), views=False)
 def conv_integer(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ConvInteger-10: int32 sum((x - x_zero_point) * (w - w_zero_point)) per window."""
     return _conv_integer(ctx, False, _window_attrs(auto_pad, dilations, pads, strides), group)
 
 
-@kernel("ScaledConvInteger", domain=MINFER, since=1, prepare=True, packed=(1, 3))
+@kernel("ScaledConvInteger", domain=MINFER, since=1, prepare=True, packed=(1, 3), views=False)
 def scaled_conv_integer(ctx, *, activation="", activation_params=None, dynamic_input=0, auto_pad="NOTSET",
                         dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """ai.minfer::ScaledConvInteger-1: Cast(ConvInteger(x, w, x_zero_point, w_zero_point), float32) * scale (one
@@ -327,13 +327,13 @@ def _bias_bound(ctx) -> float:
     return float(np.abs(b.astype(np.float64)).max(initial=0.0)) if b is not None else float(2**31)
 
 
-@kernel("QLinearConv", since=10, prepare=True, packed=(3, 5))
+@kernel("QLinearConv", since=10, prepare=True, packed=(3, 5), views=False)
 def qlinear_conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, pads=None, strides=None):
     """QLinearConv-10: the integer conv of the centered operands plus int32 bias, requantized to y's type."""
     return _qlinear_conv(ctx, False, False, _window_attrs(auto_pad, dilations, pads, strides), group)
 
 
-@kernel("FloatQLinearConv", domain=MINFER, since=1, prepare=True, packed=(3, 5))
+@kernel("FloatQLinearConv", domain=MINFER, since=1, prepare=True, packed=(3, 5), views=False)
 def float_qlinear_conv(ctx, *, float_input=0, float_output=0, activation="", activation_params=None,
                        output_quantization=None, output_rounding=None, residual_rounding=None, auto_pad="NOTSET",
                        dilations=None, group=1, kernel_shape=None, pads=None, strides=None):

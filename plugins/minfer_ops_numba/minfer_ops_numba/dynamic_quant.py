@@ -161,7 +161,7 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return is_float32(ctx)
 
 
-@kernel("DynamicQuantizeLinear", since=11, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("DynamicQuantizeLinear", since=11, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def dynamic_quantize_linear(ctx):
     """DynamicQuantizeLinear-11 (float32): uint8 quantization whose range includes 0; y, scale, zero point."""
     _quantize(readonly(np.zeros(1, np.float32)), np.zeros(1, np.uint8), np.float32(1), np.float32(0))  # at build

@@ -133,13 +133,13 @@ def _binary(ctx: Any, mul: bool) -> Any:
     return run
 
 
-@kernel("QLinearAdd", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QLinearAdd", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def qlinear_add(ctx):
     """QLinearAdd-1 (com.microsoft; an operand of the output's shape, the other its last axes): one compiled pass."""
     return _binary(ctx, mul=False)
 
 
-@kernel("QLinearMul", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QLinearMul", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def qlinear_mul(ctx):
     """QLinearMul-1 (com.microsoft; an operand of the output's shape, the other its last axes): one compiled pass."""
     return _binary(ctx, mul=True)

@@ -110,7 +110,7 @@ def _applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return int(attrs.get("axis", -1)) % x.rank == x.rank - 1
 
 
-@kernel("QLinearSoftmax", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QLinearSoftmax", domain=MS, since=1, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def qlinear_softmax(ctx, *, axis=-1, opset):
     """QLinearSoftmax-1 (com.microsoft; over the last axis): one compiled pass per row."""
     dtype = ctx.input_types[0].dtype

@@ -282,7 +282,8 @@ def _qgemm_applies(ctx: Any, attrs: dict[str, Any]) -> bool:
     return _qgemm_weight(ctx, int(attrs.get("transB", 0))) is not None
 
 
-@kernel("QGemm", domain=MS, since=1, priority=PRIORITY, prepare=True, packed=(3, 5), applies=_qgemm_applies)
+@kernel("QGemm", domain=MS, since=1, priority=PRIORITY, prepare=True, packed=(3, 5), views=False,
+        applies=_qgemm_applies)
 def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
     """QGemm-1 (com.microsoft) of a constant 8-bit weight: the exact product on VNNI (int32), then minfer-ops-conv's
     steps on it: + C and float32 in float64, times the float32 alpha * a_scale * b_scale (/ y_scale), rounded

@@ -87,31 +87,31 @@ def _prepared(ctx: Any) -> Any:
     return run
 
 
-@kernel("QuantizeLinear", since=23, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QuantizeLinear", since=23, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def quantize_linear_23(ctx, *, axis=1, block_size=0, output_dtype=0, precision=0, saturate=1):
     """QuantizeLinear-23 (float32 into 8 bits, per tensor): one compiled pass."""
     return _prepared(ctx)
 
 
-@kernel("QuantizeLinear", since=21, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QuantizeLinear", since=21, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def quantize_linear_21(ctx, *, axis=1, block_size=0, output_dtype=0, saturate=1):
     """QuantizeLinear-21 (float32 into 8 bits, per tensor): one compiled pass."""
     return _prepared(ctx)
 
 
-@kernel("QuantizeLinear", since=19, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QuantizeLinear", since=19, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def quantize_linear_19(ctx, *, axis=1, saturate=1):
     """QuantizeLinear-19 (float32 into 8 bits, per tensor): one compiled pass."""
     return _prepared(ctx)
 
 
-@kernel("QuantizeLinear", since=13, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QuantizeLinear", since=13, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def quantize_linear_13(ctx, *, axis=1):
     """QuantizeLinear-13 (float32 into 8 bits, per tensor): one compiled pass."""
     return _prepared(ctx)
 
 
-@kernel("QuantizeLinear", since=10, priority=PRIORITY, prepare=True, applies=_applies)
+@kernel("QuantizeLinear", since=10, priority=PRIORITY, prepare=True, applies=_applies, views=False)
 def quantize_linear_10(ctx):
     """QuantizeLinear-10 (float32 into 8 bits, per tensor): one compiled pass."""
     return _prepared(ctx)
