@@ -145,16 +145,17 @@ def test_quantize_dequantize_full_form_is_its_stages_in_turn():
 def test_dequant_conv_epilogue_is_the_registered_rounding_kernel(minfer_plugin, monkeypatch):
     """A DequantConv's epilogue (rounding, BN's * M + A, rounding) is one call of the QuantizeDequantize kernel the
     registry picks (a plugin's faster one), on each tile, where the base kernel calls it; the outputs stay the unfused
-    graph's. (minfer-ops-numba's liveconv applies the chain itself from its description: test_numba_liveconv.)"""
+    graph's. (minfer-ops-numba's liveconv and pointwise apply the chain themselves from its description, by
+    quant.Chains: test_numba_liveconv, test_numba_pointwise.)"""
     import minfer_core
     from minfer_passes.qdq_ops import quantize_dequantize
 
     try:
-        from minfer_ops_numba import liveconv
+        from minfer_ops_numba import quant
     except ImportError:
         pass
     else:
-        monkeypatch.setattr(liveconv, "_rounding", lambda *args: None)
+        monkeypatch.setattr(quant.Chains, "of", lambda self, epilogue: None)
 
     calls = []
 

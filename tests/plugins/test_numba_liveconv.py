@@ -14,6 +14,7 @@ pytest.importorskip("numba")
 from minfer_core import Engine, KernelContext, TensorType  # noqa: E402
 from minfer_core.parallel import using_threads  # noqa: E402
 from minfer_ops_numba import liveconv, team  # noqa: E402
+from minfer_ops_numba.quant import Chains  # noqa: E402
 from onnx import helper, numpy_helper  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -173,7 +174,7 @@ def test_a_dequant_conv_s_whole_rounding_chain_runs_in_the_units(chain, threads)
     mul, add, post = {"mul-add-post": (m, a, [0.03, 0.0, 255.0]), "add": (None, a, None),
                       "scalar-mul-post": (np.full((1, 1, 1, 1), 1.7, np.float32), None, [0.05, -128.0, 127.0])}[chain]
     epilogue = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], mul, add, post)
-    assert liveconv._rounding(epilogue, shape[1], 4) is not None
+    assert Chains(shape[1], 4).of(epilogue) is not None
     calls = []
 
     def called(y, region):
@@ -187,4 +188,4 @@ def test_a_dequant_conv_s_whole_rounding_chain_runs_in_the_units(chain, threads)
     np.testing.assert_array_equal(got, want)
     spatial = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], None,
                         np.ones((1, 1) + shape[2:], np.float32), None)
-    assert liveconv._rounding(spatial, shape[1], 4) is None  # an A along other axes than the channels: called
+    assert Chains(shape[1], 4).of(spatial) is None  # an A along other axes than the channels: called

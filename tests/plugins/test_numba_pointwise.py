@@ -129,6 +129,42 @@ def test_an_epilogue_without_compiled_form_sees_each_output_once_after_its_sum(t
     assert_epilogue_once(prepared(x, w, b), x, onnx_conv(x, w, b, {}), threads)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("chain", ["mul-add-post", "add", "scalar-mul-post"])
+@pytest.mark.parametrize("xs, m", [((1, 24, 56, 56), 144), ((2, 17, 5, 33), 13)])
+def test_a_dequant_conv_s_rounding_chain_runs_on_each_block(xs, m, chain, threads):
+    """minfer-passes' DequantConv epilogue of a QDQ model's conv -> BatchNormalization (the rounding, * M + A per
+    channel or one value, the next rounding: ``epilogue.rounding``) is applied to each 64-pixel block while in
+    cache, with the bits of the same epilogue called on the whole output after the sums (the registered rounding
+    kernel); the bias is in the sums first."""
+    from minfer_passes.qdq_ops import _rounding
+
+    x, w, b = case(xs, m, True, seed=3)
+    x[0, :, :1, :3] = 30.0  # sums far past the grids: saturated
+    shape = onnx_conv(x, w, b, {}).shape
+    run = pointwise.conv.prepared(_live_weight_context(x, w, b), {})  # a DequantConv's: the weight with the run
+    rng = np.random.default_rng(11)
+    mv = (1 + 0.3 * rng.standard_normal((1, m, 1, 1))).astype(np.float32)
+    av = (0.2 * rng.standard_normal((m, 1, 1))).astype(np.float32)
+    mul, add, post = {"mul-add-post": (mv, av, [0.03, 0.0, 255.0]), "add": (None, av, None),
+                      "scalar-mul-post": (np.full((1, 1, 1, 1), 1.7, np.float32), None, [0.05, -128.0, 127.0])}[chain]
+    epilogue = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], mul, add, post)
+    calls = []
+
+    def called(y, region):  # the same chain without its description: the kernel must call it, after the sums
+        calls.append(region)
+        epilogue(y, region)
+
+    with using_threads(threads):
+        got = run(x, w, None, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        want = run(x, w, None, out=np.full(shape, np.nan, np.float32), epilogue=called)
+    assert calls == [(slice(None),) * 4]  # the description-less one once, on all of it; the described one in blocks
+    np.testing.assert_array_equal(got, want)
+    if chain == "mul-add-post" and xs[1] > 20:  # on the second grid (0..255), saturated at one of its bounds
+        k = np.round(got / np.float32(post[0]))
+        assert k.min() == post[1] or k.max() == post[2]
+
+
 def test_units_cover_every_output_once_split_by_pixels_or_by_channels():
     """The units cover each image's pixels and output channels exactly once: runs of whole 64-pixel blocks where an
     image has enough of them for the threads, else runs of output channels (multiples of 4) over the whole map."""

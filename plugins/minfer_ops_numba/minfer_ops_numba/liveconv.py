@@ -23,7 +23,7 @@ from minfer_core import KernelContext, TensorType, kernel, parallel_for, scratch
 
 from . import smallconv, team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
-from .quant import _channel_axis
+from .quant import Chains
 from .quant import _requantize as _rounding_loop  # noqa: F401 (compiled code calls it)
 from .smallconv import units_of  # noqa: F401 (compiled code calls it)
 from .team import NONE, NOTHING, prange  # noqa: F401 (prange: numba's at compile)
@@ -57,23 +57,6 @@ def _rounded_team(address, xs, full, bias, y, found, geos, cols, direct, m, a, w
     for t in prange(parts):
         _rounded_units(address, xs, full, bias, y, found, geos, cols[t], direct, count * t // parts,
                        count * (t + 1) // parts, m, a, walk, params)
-
-
-def _rounding(epilogue: Any, channels: int, rank: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """`_rounded_units`' (m, a, walk flags, params) for an epilogue describing a rounding (``epilogue.rounding``:
-    (scale, low, high), M, A, the second grid or None; minfer-passes' Dequant* ops), None when it has no such
-    description or M or A varies along another axis than the channels'."""
-    found = getattr(epilogue, "rounding", None)
-    if found is None:
-        return None
-    grid, mul, add, post = found
-    operands = []
-    for v in (mul, add):
-        if v is not None and (_channel_axis(v.shape, rank) not in (-1, 1) or v.size not in (1, channels)):
-            return None
-        operands.append(readonly(np.ones(1, np.float32) if v is None else np.asarray(v, np.float32).reshape(-1)))
-    params = readonly(np.asarray([*grid, *(post or (0.0, 0.0, 0.0))], np.float32))
-    return operands[0], operands[1], readonly(np.asarray([mul is not None, add is not None], np.int64)), params
 
 
 def applies(ctx: Any, attrs: dict[str, Any]) -> bool:
@@ -110,7 +93,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     smallconv._warm_compiled(address, np.zeros((m, k), np.float32), readonly(np.zeros(m, np.float32)))
     _warm_rounded(address, m, k)
     plans: dict[tuple[int, ...], tuple[Any, ...]] = {}
-    roundings: dict[Any, Any] = {}  # an epilogue's `_rounding` (a DequantConv's is one object for all its runs)
+    chains = Chains(m, 4)
 
     def run(x, w, b=None, *, out=None, epilogue=None):
         full = w.reshape(m, -1)  # the run's weight as it comes (DequantConv's scratch): no copy
@@ -124,13 +107,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         found, geos, size, direct, out_shape = plans[x.shape]
         after = fused is None or not team.fits(fused[3], out_shape)  # no compiled form: once, after the units
         op, a, bb, z = team.PLAIN if after else fused
-        rounded = None
-        if after and getattr(epilogue, "rounding", None) is not None:
-            rounded = roundings.get(epilogue, False)
-            if rounded is False:
-                if len(roundings) > 8:  # an epilogue made per run would pile up here
-                    roundings.clear()
-                rounded = roundings[epilogue] = _rounding(epilogue, m, len(out_shape))
+        rounded = chains.of(epilogue) if after and epilogue is not None else None
         y = out if out is not None else np.empty(out_shape, np.float32)
         if y.size == 0:
             return y

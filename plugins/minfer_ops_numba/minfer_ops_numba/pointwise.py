@@ -38,6 +38,8 @@ from minfer_core import kernel, parallel_for, spmd
 from . import team
 from ._jit import F32, PRIORITY, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
 from .smallconv import PLAN_PARTS
+from .quant import NO_CHAIN, Chains
+from .quant import _requantize as _rounding_loop  # noqa: F401 (compiled code calls it)
 from .team import NOTHING, finish, prange  # noqa: F401 (compiled code calls them)
 
 MR = 4  # output channels a tile
@@ -82,15 +84,18 @@ def _tile(rows, pa, lda, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
 
 
 @jit
-def units_of(a, x, y, z, bias, found, op, fa, fb, lo, hi):  # pragma: no cover - compiled
+def units_of(a, x, y, z, bias, found, op, fa, fb, rm, ra, flags, params, lo, hi):  # pragma: no cover - compiled
     """Units lo..hi of ``found`` (rows i, p0, p1, m0, m1: image i's pixels p0..p1 and output channels m0..m1, m0 a
     multiple of MR): per block of W pixels, the tiles of its channels (a tile within one group: group g's outputs
-    read its input channels only), then the epilogue on the block (bias, residual z, activation ``op``). x (N, K,
-    P), y (N, M, P) and the weights ``a`` (M, K / groups) C-contiguous."""
+    read its input channels only), then the epilogue on the block (bias, residual z, activation ``op``), then, when
+    ``params`` is not empty, a rounding chain (quant.py's `Chains`: rm, ra, flags, params) by quant.py's
+    QuantizeDequantize loop. x (N, K, P), y (N, M, P) and the weights ``a`` (M, K / groups) C-contiguous."""
     k, p, m, kg = x.shape[1], x.shape[2], y.shape[1], a.shape[1]
     mg = m // (k // kg)  # output channels a group
     pa, px, py = np.int64(a.ctypes.data), np.int64(x.ctypes.data), np.int64(y.ctypes.data)
     yf = y.reshape(-1)
+    walk = np.empty(7, np.int64)  # a block for `_rounding_loop`: m1 - m0 runs of w values, p apart
+    ms, as_ = rm.size > 1, ra.size > 1
     for u in range(lo, hi):
         i, p0, p1, m0, m1 = found[u, 0], found[u, 1], found[u, 2], found[u, 3], found[u, 4]
         xb, yb = px + np.int64(i * k * p * 4), py + np.int64(i * m * p * 4)
@@ -104,15 +109,21 @@ def units_of(a, x, y, z, bias, found, op, fa, fb, lo, hi):  # pragma: no cover -
                       xb + np.int64((g * kg * p + n0) * 4), np.int64(p * 4), yb + np.int64((r0 * p + n0) * 4),
                       np.int64(p * 4), np.int64(w))
                 r0 += rows
-            finish(yf, z, (i * m + m0) * p + n0, m1 - m0, w, p, bias, m0, op, fa, fb)
+            at = (i * m + m0) * p + n0
+            finish(yf, z, at, m1 - m0, w, p, bias, m0, op, fa, fb)
+            if params.size:
+                walk[0], walk[1], walk[2], walk[3], walk[4], walk[5], walk[6] = 1, 0, m1 - m0, p, w, flags[0], flags[1]
+                block = yf[uintp(at):]
+                _rounding_loop(block, block, walk, rm[m0:m1] if ms else rm, ra[m0:m1] if as_ else ra, params)
 
 
 @jit(parallel=True)
-def team_units(a, x, y, z, bias, found, op, fa, fb, parts):  # pragma: no cover - compiled
+def team_units(a, x, y, z, bias, found, op, fa, fb, rm, ra, flags, params, parts):  # pragma: no cover - compiled
     """`units_of` over a native team (team.py): part t of the units on team thread t."""
     count = found.shape[0]
     for t in prange(parts):
-        units_of(a, x, y, z, bias, found, op, fa, fb, count * t // parts, count * (t + 1) // parts)
+        units_of(a, x, y, z, bias, found, op, fa, fb, rm, ra, flags, params, count * t // parts,
+                 count * (t + 1) // parts)
 
 
 def plan(n: int, m: int, pixels: int, parts: int = PLAN_PARTS) -> np.ndarray:
@@ -172,6 +183,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
     _ensure_kernels()
     _warm(np.zeros((m, k), np.float32) if held is None else held, bias)
     plans: dict[tuple[int, ...], np.ndarray] = {}
+    chains = Chains(m, 4)
 
     def run(x, w=None, b=None, *, out=None, epilogue=None):
         a = held if held is not None else readonly(np.ascontiguousarray(w, np.float32).reshape(m, k))
@@ -186,8 +198,9 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
         fused = team.native(epilogue) if epilogue is not None else team.PLAIN
         after = fused is None or not team.fits(fused[3], shape)  # no compiled form: the epilogue once, after
         op, fa, fb, z = team.PLAIN if after else fused
+        chain = chains.of(epilogue) if after and epilogue is not None else None  # a DequantConv's: on each block
         args = (a, readonly(np.ascontiguousarray(x)).reshape(n, x.shape[1], -1), y.reshape(n, m, -1),
-                NOTHING if z is None else readonly(z.reshape(-1)), bias, found, op, fa, fb)
+                NOTHING if z is None else readonly(z.reshape(-1)), bias, found, op, fa, fb, *(chain or NO_CHAIN))
         threads = team.size() if len(found) > 1 else 1
         if threads > 1:
             team_units(*args, min(threads, len(found)))
@@ -197,7 +210,7 @@ def conv(ctx, *, auto_pad="NOTSET", dilations=None, group=1, kernel_shape=None, 
                 units_of(*args, lo, hi)
 
             parallel_for(len(found), span, outputs_only=True)  # a unit writes only its block of y
-        if after and epilogue is not None:  # one range: under a process team one rank applies it (spmd's promise)
+        if after and epilogue is not None and chain is None:  # one range: under a process team one rank applies it
             parallel_for(1, lambda lo, hi: epilogue(y, (slice(None),) * y.ndim), parts=1, outputs_only=True)
         return y
 
@@ -212,9 +225,9 @@ def _warm(a: np.ndarray, bias: np.ndarray) -> None:
     x = readonly(np.zeros((1, k, 1), np.float32))
     y = np.zeros((1, m, 1), np.float32)
     found = plan(1, m, 1, 1)
-    units_of(a, x, y, NOTHING, bias, found, team.NONE, np.float32(0), np.float32(0), 0, len(found))
+    units_of(a, x, y, NOTHING, bias, found, team.NONE, np.float32(0), np.float32(0), *NO_CHAIN, 0, len(found))
     if team.available():
-        team_units(a, x, y, NOTHING, bias, found, team.NONE, np.float32(0), np.float32(0), 1)
+        team_units(a, x, y, NOTHING, bias, found, team.NONE, np.float32(0), np.float32(0), *NO_CHAIN, 1)
 
 
 def _ensure_kernels() -> None:

@@ -238,6 +238,43 @@ def quantize_dequantize(ctx, *, scale, low, high, post_scale=0.0, post_low=0.0, 
     return _runner(axes.pop() if axes else None, scale, low, high, post_scale, post_low, post_high)
 
 
+NO_CHAIN = (team.NOTHING, team.NOTHING, readonly(np.zeros(2, np.int64)), team.NOTHING)  # `Chains.of`'s for none
+
+
+class Chains:
+    """A conv kernel's rounding chains: an epilogue describing minfer-passes' Dequant* rounding (``epilogue.rounding``:
+    (scale, low, high), M, A, the second grid or None) as `_requantize`'s operands for a (N, channels, ...) output,
+    so that the kernel applies it to each block of its output while in cache (liveconv.py's units, pointwise.py's
+    pixel blocks) instead of over the whole output after. Kept per epilogue: a DequantConv's is one object for all
+    its runs."""
+
+    def __init__(self, channels: int, rank: int) -> None:
+        self.channels, self.rank = channels, rank
+        self._found: dict[Any, Any] = {}
+
+    def of(self, epilogue: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """(m, a, [multiply, add] flags, params) for ``epilogue``, None when it describes no rounding or M or A
+        varies along another axis than the channels'."""
+        found = self._found.get(epilogue, False)
+        if found is False:
+            if len(self._found) > 8:  # an epilogue made per run would pile up here
+                self._found.clear()
+            found = self._found[epilogue] = self._operands(getattr(epilogue, "rounding", None))
+        return found
+
+    def _operands(self, chain: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        if chain is None:
+            return None
+        grid, mul, add, post = chain
+        operands = []
+        for v in (mul, add):
+            if v is not None and (_channel_axis(v.shape, self.rank) not in (-1, 1) or v.size not in (1, self.channels)):
+                return None
+            operands.append(readonly(np.ones(1, np.float32) if v is None else np.asarray(v, np.float32).reshape(-1)))
+        params = readonly(np.asarray([*grid, *(post or (0.0, 0.0, 0.0))], np.float32))
+        return operands[0], operands[1], readonly(np.asarray([mul is not None, add is not None], np.int64)), params
+
+
 # ---- ai.minfer::Requantize (minfer-ops-conv's integer convs' input conversion and output epilogue) ----------------
 
 RQ_ACTS = {"": 0, "Relu": 1, "Clip": 2}
