@@ -254,17 +254,19 @@ class Chains:
 
     def of(self, epilogue: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """(m, a, [multiply, add] flags, params) for ``epilogue``, None when it describes no rounding or M or A
-        varies along another axis than the channels'."""
+        varies along another axis than the channels'. Only described epilogues are kept: one made per run (a
+        residual's, holding that run's Z) must not be, which would keep its arrays alive."""
+        chain = getattr(epilogue, "rounding", None)
+        if chain is None:
+            return None
         found = self._found.get(epilogue, False)
         if found is False:
-            if len(self._found) > 8:  # an epilogue made per run would pile up here
+            if len(self._found) > 8:  # described epilogues made per run would pile up here
                 self._found.clear()
-            found = self._found[epilogue] = self._operands(getattr(epilogue, "rounding", None))
+            found = self._found[epilogue] = self._operands(chain)
         return found
 
     def _operands(self, chain: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-        if chain is None:
-            return None
         grid, mul, add, post = chain
         operands = []
         for v in (mul, add):
