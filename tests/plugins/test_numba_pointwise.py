@@ -149,16 +149,22 @@ def test_a_dequant_conv_s_rounding_chain_runs_on_each_block(xs, m, chain, thread
     mul, add, post = {"mul-add-post": (mv, av, [0.03, 0.0, 255.0]), "add": (None, av, None),
                       "scalar-mul-post": (np.full((1, 1, 1, 1), 1.7, np.float32), None, [0.05, -128.0, 127.0])}[chain]
     epilogue = _rounding(TensorType(np.dtype(np.float32), shape), [0.0125, -128.0, 127.0], mul, add, post)
-    calls = []
+    calls, described_calls = [], []
 
     def called(y, region):  # the same chain without its description: the kernel must call it, after the sums
         calls.append(region)
         epilogue(y, region)
 
+    def described(y, region):  # the chain with its description: applied by the blocks, never called
+        described_calls.append(region)
+        epilogue(y, region)
+
+    described.rounding = epilogue.rounding
     with using_threads(threads):
-        got = run(x, w, None, out=np.full(shape, np.nan, np.float32), epilogue=epilogue)
+        got = run(x, w, None, out=np.full(shape, np.nan, np.float32), epilogue=described)
         want = run(x, w, None, out=np.full(shape, np.nan, np.float32), epilogue=called)
     assert calls == [(slice(None),) * 4]  # the description-less one once, on all of it; the described one in blocks
+    assert described_calls == []
     np.testing.assert_array_equal(got, want)
     if chain == "mul-add-post" and xs[1] > 20:  # on the second grid (0..255), saturated at one of its bounds
         k = np.round(got / np.float32(post[0]))
