@@ -1,8 +1,10 @@
 """minfer-ops-numba's FusedMatMulBias (linear.py): bias, residual and activation in each block's write-out.
 
-Its product is linear.py's MatMul (the same blocks, so the same BLAS calls) and its epilogue the same float32
-operations in minfer-passes' order, so it gives the bits of minfer-passes' kernel running on that MatMul; the
-blocks come from the product's shape alone (tests/plugins/test_team.py checks a team's bits against one thread).
+Its product is linear.py's MatMul (the same blocks, so the same BLAS calls, or the same micro-kernel tiles) and its
+epilogue the same float32 operations in minfer-passes' order: where the product is BLAS's it gives the bits of
+minfer-passes' kernel running on that MatMul, where it is the micro-kernel's (`_tiled`) the same within float32
+rounding; the blocks come from the product's shape alone (tests/plugins/test_team.py checks a team's bits against
+one thread).
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def _model(activation: str, residual: bool):
 @pytest.mark.parametrize("residual", [False, True])
 def test_the_compiled_epilogue_gives_minfer_passes_bits(monkeypatch, activation, residual):
     """The numba kernel and minfer-passes' kernel, both candidates of the fused node, give the same bits on the
-    same inputs, with one thread and with two, and the session matches onnxruntime."""
+    same inputs with BLAS's product (the same within float32 rounding with the micro-kernel's), with one thread and
+    with two (the numba kernel's bits the same on both), and the session matches onnxruntime."""
     monkeypatch.setattr(tuning, "choose", lambda key, names, time_one, prior=None: 0)  # no timing: the first
     model = _model(activation, residual)
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((2, 128, K)).astype(np.float32)}
     if residual:
         feeds["r"] = rng.standard_normal((2, 128, N)).astype(np.float32)
+    tiled, results = K <= linear.TILED_DEPTH and linear.pointwise.available(), []
     for threads in (1, 2):
         session = minfer_core.InferenceSession(model, threads=threads)
         (step,) = [s for s in session.program.specs if s.kernel.op_type == linear.FUSED]
@@ -74,8 +78,13 @@ def test_the_compiled_epilogue_gives_minfer_passes_bits(monkeypatch, activation,
                 for name, slot in zip(session.program.step_nodes[session.program.specs.index(step)].inputs, step.ins)]
         with minfer_core.parallel.using_threads(threads):
             ours, theirs = (np.array(fn(*args)) for fn in step.fn.fns)
-        np.testing.assert_array_equal(ours, theirs)
+        if tiled:
+            np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+        else:
+            np.testing.assert_array_equal(ours, theirs)
         np.testing.assert_array_equal(got, ours)
+        results.append(ours)
+    np.testing.assert_array_equal(*results)
 
 
 @pytest.mark.parametrize("m,n,k", [(128, 256, 256), (128, 1024, 256), (1024, 256, 256), (100, 200, 96)])
@@ -196,3 +205,62 @@ def test_batched_products_apply_to_run_time_operands_of_the_same_batch_dims_only
     ]
     for ctx in refused:
         assert not linear._applies_batched(ctx, {})
+
+
+# ---- the micro-kernel's product (`_tiled`) ----------------------------------------------------------------------
+
+
+def _tiled_or_skip():
+    if not linear.pointwise.available():
+        pytest.skip("the micro-kernel needs AVX-512F and LLVM >= 17")
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1024, 1000), (7, 33, 130), (128, 256, 1024), (130, 64, 64), (9, 1, 5),
+                                   (300, 100, 70)])
+@pytest.mark.parametrize("op", ["", "Relu", "Gelu"])
+def test_tiled_product_matches_numpy_with_its_epilogue_and_the_same_bits_on_any_thread_count(m, k, n, op):
+    """A MatMul by a constant B of at most TILED_DEPTH rows runs on the micro-kernel (`_tiled`: rows not a multiple
+    of its 4, columns not of its 64, one row, one input channel), + bias, + residual, then the activation, within
+    float32 rounding of numpy's product and the same bits on one thread and two (its blocks from the shape alone,
+    each output's K products added in order)."""
+    _tiled_or_skip()
+    from minfer_core import KernelContext, TensorType
+    from minfer_core.parallel import using_threads
+
+    rng = np.random.default_rng(m + k + n)
+    a = rng.standard_normal((m, k), dtype=np.float32)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    c, z = rng.standard_normal(n, dtype=np.float32), rng.standard_normal((m, n), dtype=np.float32)
+    types = tuple(TensorType(v.dtype, v.shape) for v in (a, w, c, z))
+    ctx = KernelContext("fmm", linear.FUSED, 1, types, (None,), (None, w, c, None), 1)
+    attrs = {"activation": op}
+    assert linear._applies_fused(ctx, attrs)
+    run = linear.fused_matmul_bias.prepared(ctx, attrs)
+    calls = []
+    real = linear._tiled
+    linear._tiled = lambda *args: calls.append(1) or real(*args)
+    try:
+        with using_threads(1):
+            one = run(a, None, None, z)
+    finally:
+        linear._tiled = real
+    assert calls, "the micro-kernel's product did not run"
+    want = a.astype(np.float64) @ w.astype(np.float64) + c + z
+    if op == "Relu":
+        want = np.maximum(want, 0)
+    elif op == "Gelu":
+        from math import erf
+
+        want = want * 0.5 * (1 + np.vectorize(erf)(want / np.sqrt(2)))
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
+    with using_threads(2):
+        two = run(a, None, None, z, out=np.full((m, n), np.nan, np.float32))
+    np.testing.assert_array_equal(one, two)
+
+
+def test_blocks_of_columns_are_whole_panels_of_the_micro_kernel():
+    """Cut for the micro-kernel, every block of columns but the last is a multiple of its 64-column panel."""
+    for m, n, k in ((8, 300, 512), (64, 200, 96), (1, 1000, 1024), (128, 1024, 256)):
+        blocks = linear.plan(m, n, k, linear.W)
+        widths = blocks[:, 3] - blocks[:, 2]
+        assert (widths[:-1] % linear.W == 0).all() and widths.sum() == n * len(set(map(tuple, blocks[:, :2])))

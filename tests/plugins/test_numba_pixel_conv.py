@@ -124,9 +124,10 @@ def test_a_squeeze_excite_block_runs_it_and_matches_onnxruntime(monkeypatch):
     monkeypatch.setenv("MINFER_TUNE", "0")  # the first candidate, untimed: this one
     session = InferenceSession(model, threads=2, disabled_passes=["squeeze_excite_fusion"])
     calls = []
-    blocks, on_team = linear._blocks, linear._on_team  # after the build, which compiled them
-    monkeypatch.setattr(linear, "_blocks", lambda *a: calls.append(1) or blocks(*a))
-    monkeypatch.setattr(linear, "_on_team", lambda *a: calls.append(2) or on_team(*a))
+    for serial, driver in (("_blocks", "_on_team"), ("_tiled", "_tiled_team")):  # BLAS's, the micro-kernel's
+        blocks, on_team = getattr(linear, serial), getattr(linear, driver)  # after the build, which compiled them
+        monkeypatch.setattr(linear, serial, lambda *a, fn=blocks: calls.append(1) or fn(*a))
+        monkeypatch.setattr(linear, driver, lambda *a, fn=on_team: calls.append(2) or fn(*a))
     feeds = {"x": rng.standard_normal((2, 96, 14, 14), dtype=np.float32)}
     got = session.run(None, feeds)[0]
     assert len(calls) == 2

@@ -49,6 +49,14 @@ def _counted(monkeypatch, module, name: str) -> list[int]:
     return calls
 
 
+def _linear_drivers(monkeypatch) -> list[int]:
+    """Count the calls of linear.py's two team drivers (BLAS blocks, or the micro-kernel's tiles where it builds)."""
+    calls = _counted(monkeypatch, linear, "_on_team")
+    real = linear._tiled_team
+    monkeypatch.setattr(linear, "_tiled_team", lambda *a: calls.append(1) or real(*a))
+    return calls
+
+
 def _both_threads_run() -> bool:
     """Whether a two-range parallel_for runs its ranges on two threads at once (each range waits for the other)."""
     import threading
@@ -174,7 +182,7 @@ def test_gemm_on_a_team_equals_it_without_and_matches_onnxruntime(monkeypatch, t
     model = _gemm_model(m, k, n, trans_b, activation, bias)
     x = np.random.default_rng(1).standard_normal((m, k)).astype(np.float32)
     session = minfer_core.InferenceSession(model, threads=2)  # compiles: numba's dispatchers replace the names
-    calls = _counted(monkeypatch, linear, "_on_team")
+    calls = _linear_drivers(monkeypatch)
     got = session.run(None, {"x": x})[0]
     assert calls, "the team driver never ran"
     team_off(False)
@@ -202,7 +210,7 @@ def test_gemm_of_a_run_time_b_is_the_held_b_kernels_product(monkeypatch, m, k, n
     session = minfer_core.InferenceSession(live, threads=2)
     step = next(s for s in session.program.specs if "Gemm" in str(getattr(s.kernel, "op_type", "")))
     assert step.kernel.fn is linear.gemm_live.fn
-    calls = _counted(monkeypatch, linear, "_on_team")
+    calls = _linear_drivers(monkeypatch)
     got = session.run(None, {"x": x, "w": w})[0]
     assert calls, "the team driver never ran"
     np.testing.assert_array_equal(got, minfer_core.InferenceSession(held, threads=2).run(None, {"x": x})[0])

@@ -9,7 +9,11 @@ code: Gemm's C (one value a column), the fused op's residual and activation (`te
 A team's threads take contiguous runs of blocks; without a team (one thread, claims refused, a process team,
 MINFER_NUMBA_TEAM=0) the same blocks go through `parallel_for`. The same BLAS calls whatever the threads, so the
 same bits; against numpy's kernel, which makes other calls, the last bits may differ where OpenBLAS picks another
-micro-kernel for another call shape (tests/plugins/test_team.py).
+micro-kernel for another call shape (tests/plugins/test_team.py). Where B is not transposed, of at most
+`TILED_DEPTH` rows, and pointwise.py's AVX-512 micro-kernel builds, each block is its tiles instead of a BLAS call
+(`_tiled`): OpenBLAS packs both operands at each call and ran the transformer block's products at 45-58 GMAC/s
+a thread, 68 on two; the micro-kernel 55-58 and 108-114 (onnxruntime's MLAS 56 and 105). Its sums are each
+output's K products in order: the same bits on any thread count, numpy's within float32 rounding.
 
 A MatMul of two run-time operands with the same batch dims (attention's Q @ K^T and its weights @ V) is one
 ``cblas_sgemm`` call a matrix (`products_of`; K^T as cblas' transposed B, read in K's own layout), the matrices
@@ -26,10 +30,11 @@ import numpy as np
 
 from minfer_core import kernel, parallel_for, spmd
 
-from . import team
+from . import pointwise, team
 from ._jit import F32, PRIORITY, input_type, is_float32, jit, readonly, uintp  # noqa: F401 (uintp: numba's type at compile)
 from .activation import _value  # noqa: F401 (compiled code calls it)
 from .gelu import gelu_value  # noqa: F401 (compiled code calls it)
+from .pointwise import W, column_tiles  # noqa: F401 (compiled code calls column_tiles)
 from .team import NONE, NOTHING, _activate, prange  # noqa: F401 (_activate: compiled code calls it)
 
 SPLIT_MACS = 1 << 17  # below this many multiply-adds (a few microseconds) one thread computes the product
@@ -49,35 +54,63 @@ SMALL_CALL = 1 << 19
 MIN_ROWS, MIN_COLUMNS = 64, 128
 GELU = 100  # `_blocks`' op for minfer-passes' ai.minfer::Gelu (activation.py's ops are 0-3)
 FUSED = "FusedMatMulBias"  # minfer-passes' ai.minfer op: MatMul by a constant, + bias, [+ residual], [activation]
+# B (K, N) not transposed, of at most this many rows: the product by pointwise.py's micro-kernel instead of BLAS
+# (`_tiled`), where it can be built. Each tile re-reads B's K x W panel (K * 256 bytes) from L2, where it stays up to
+# here. OpenBLAS packs both operands at each call and scaled poorly on two threads: the transformer block's
+# 128x256 @ 256x1024 took 752 us on one thread, 491 on two (44.6 and 68.4 GMAC/s), the micro-kernel 608 and 311
+# (55.1 and 108; onnxruntime's MLAS 595 and 319); 128x1024 @ 1024x256 582 and 294 (57.7, 114)
+TILED_DEPTH = 1024
+
+
+@jit
+def _write_out(yf, n, c, z, r0, r1, c0, c1, op, p, q):  # pragma: no cover - compiled
+    """Block (r0, r1, c0, c1) of y (flat, n columns) after its product: + c (a column's value, when c has elements),
+    + z (the residual, flat like y, when it has elements), then the activation ``op``, in numpy's order."""
+    has_c, has_z, act, gelu = c.size > 0, z.size > 0, op != NONE and op != GELU, op == GELU
+    for r in range(r0, r1):  # each step its own loop over the row's block (in cache), as team.finish's
+        at = r * n
+        if has_c or has_z:
+            for j in range(c0, c1):
+                v = yf[uintp(at + j)]
+                if has_c:
+                    v = v + c[uintp(j)]
+                if has_z:
+                    v = v + z[uintp(at + j)]
+                yf[uintp(at + j)] = v
+        if act:
+            _activate(yf, at + c0, at + c1, op, p, q)
+        elif gelu:  # the Gelu kernel's formula (its bits)
+            for j in range(at + c0, at + c1):
+                yf[uintp(j)] = gelu_value(yf[uintp(j)])
 
 
 @jit
 def _blocks(address, a, w, ldw, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
     """For blocks lo..hi, each (r0, r1, c0, c1): y[r0:r1, c0:c1] = a[r0:r1] @ B[:, c0:c1] in one BLAS call, then
-    + c (a column's value, when c has elements), + z (the residual, flat like y, when it has elements) and the
-    activation ``op`` there. B is ``w`` (K, N), or (N, K) read transposed when ``ldw`` < 0 (cblas' transB)."""
+    `_write_out`. B is ``w`` (K, N), or (N, K) read transposed when ``ldw`` < 0 (cblas' transB)."""
     k = a.shape[1]  # y flat, n columns: a reshape here left GELU's write-out unvectorized (its table read)
     a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(yf.ctypes.data)
-    has_c, has_z, act, gelu = c.size > 0, z.size > 0, op != NONE and op != GELU, op == GELU
     for b in range(lo, hi):
         r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
         gemm(address, r1 - r0, c1 - c0, k, a0 + 4 * r0 * k, k, w0 + 4 * c0 * (k if ldw < 0 else 1), ldw,
              y0 + 4 * (r0 * n + c0), n, np.float32(0))
-        for r in range(r0, r1):  # each step its own loop over the row's block (in cache), as team.finish's
-            at = r * n
-            if has_c or has_z:
-                for j in range(c0, c1):
-                    v = yf[uintp(at + j)]
-                    if has_c:
-                        v = v + c[uintp(j)]
-                    if has_z:
-                        v = v + z[uintp(at + j)]
-                    yf[uintp(at + j)] = v
-            if act:
-                _activate(yf, at + c0, at + c1, op, p, q)
-            elif gelu:  # the Gelu kernel's formula (its bits)
-                for j in range(at + c0, at + c1):
-                    yf[uintp(j)] = gelu_value(yf[uintp(j)])
+        _write_out(yf, n, c, z, r0, r1, c0, c1, op, p, q)
+
+
+@jit
+def _tiled(a, w, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
+    """`_blocks` by pointwise.py's micro-kernel instead of BLAS, B ``w`` (K, N) as it lies: per block, for each W
+    of its columns (B's K x W panel, read from cache by each tile) the tiles of A's rows (`column_tiles`: their
+    values broadcast), each output's K products added in order by fused multiply-adds; then `_write_out`."""
+    k = a.shape[1]
+    a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(yf.ctypes.data)
+    for b in range(lo, hi):
+        r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
+        for n0 in range(c0, c1, W):
+            column_tiles(a0 + np.int64(4 * r0 * k), np.int64(4 * k), np.int64(k), np.int64(r1 - r0),
+                         w0 + np.int64(4 * n0), np.int64(4 * n), y0 + np.int64(4 * (r0 * n + n0)), np.int64(4 * n),
+                         np.int64(min(W, c1 - n0)))
+        _write_out(yf, n, c, z, r0, r1, c0, c1, op, p, q)
 
 
 @jit(parallel=True)
@@ -86,6 +119,14 @@ def _on_team(address, a, w, ldw, yf, n, c, z, blocks, parts, op, p, q):  # pragm
     count = blocks.shape[0]
     for t in prange(parts):
         _blocks(address, a, w, ldw, yf, n, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
+
+
+@jit(parallel=True)
+def _tiled_team(a, w, yf, n, c, z, blocks, parts, op, p, q):  # pragma: no cover - compiled
+    """`_tiled` in ``parts`` contiguous runs of blocks, one a team thread."""
+    count = blocks.shape[0]
+    for t in prange(parts):
+        _tiled(a, w, yf, n, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
 
 
 @jit
@@ -107,22 +148,24 @@ def team_products(address, pa, a, pb, b, y, m, k, n, parts):  # pragma: no cover
         products_of(address, pa, a, pb, b, y, m, k, n, count * t // parts, count * (t + 1) // parts)
 
 
-def plan(m: int, n: int, k: int) -> np.ndarray:
+def plan(m: int, n: int, k: int, column: int = COLUMN_BLOCK) -> np.ndarray:
     """The product's blocks (r0, r1, c0, c1), from its shape alone: any thread count computes the same BLAS
     calls, so the same bits (docs/kernel-contract.md). Up to ROWS rows: B's columns, in calls OpenBLAS takes with
     its small-matrix kernel where those are 32 columns or more; more rows: along the longer side, A's rows (MIN_ROWS
     or more a block) or B's columns (MIN_COLUMNS or more), in two blocks at least. One block below SPLIT_MACS, else
-    2 to MAX_BLOCKS of about BLOCK_MACS multiply-adds or more, so that threads have shares to take."""
+    2 to MAX_BLOCKS of about BLOCK_MACS multiply-adds or more, so that threads have shares to take. Blocks of
+    columns are multiples of ``column`` wide (`_tiled`'s W: a narrower panel's lanes are masked, wasted work); a
+    product of at most ``column`` columns is cut in rows."""
     work = m * n * k
     count = 1 if work < SPLIT_MACS else max(2, min(MAX_BLOCKS, work // BLOCK_MACS))
-    if m > ROWS and m > n:  # cut along the longer side: a block of rows repacks B, a block of columns A
+    if m > ROWS and (m > n or n <= column):  # along the longer side: a block of rows repacks B, of columns A
         height = -(-m // min(count, max(2, m // MIN_ROWS)))
         return np.array([[r, min(m, r + height), 0, n] for r in range(0, m, height)], np.int64)
     if m > ROWS:
         count = min(count, max(2, n // MIN_COLUMNS))
-    width = -(-n // (count * COLUMN_BLOCK)) * COLUMN_BLOCK
-    small = SMALL_CALL // (m * k) // COLUMN_BLOCK * COLUMN_BLOCK
-    if small >= 2 * COLUMN_BLOCK and m <= ROWS:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
+    width = -(-n // (count * column)) * column
+    small = SMALL_CALL // (m * k) // column * column
+    if small >= 2 * column and m <= ROWS:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
         width = min(width, small)
     return np.array([[0, m, c, min(n, c + width)] for c in range(0, n, width)], np.int64)
 
@@ -136,15 +179,29 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     shape = held.shape if held is not None else shape
     k, n = (shape[1], shape[0]) if transposed else shape
     ldw = -k if transposed else n
+    tiled = not transposed and k <= TILED_DEPTH and pointwise.available()
     plans: dict[int, np.ndarray] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
+    if tiled:
+        pointwise._ensure_kernels()  # its intrinsics, before _tiled (which calls `_tile`) compiles
     stand_in = held if held is not None else readonly(np.zeros(shape, np.float32))  # not kept: warming only
-    warm = (address, readonly(np.zeros((1, k), np.float32)), stand_in, ldw, np.zeros(n, np.float32), n, c, NOTHING,
+    warm = (readonly(np.zeros((1, k), np.float32)), stand_in, np.zeros(n, np.float32), n, c, NOTHING,
             plan(1, n, k)[:1])
-    _blocks(*warm, 0, 1, NONE, np.float32(0), np.float32(0))  # compile (or load) now, not in a run
-    if team.available():
-        _on_team(*warm, 1, NONE, np.float32(0), np.float32(0))
+    if tiled:  # compile (or load) now, not in a run
+        _tiled(*warm, 0, 1, NONE, np.float32(0), np.float32(0))
+        if team.available():
+            _tiled_team(*warm, 1, NONE, np.float32(0), np.float32(0))
+    else:
+        _blocks(address, *warm[:2], ldw, *warm[2:], 0, 1, NONE, np.float32(0), np.float32(0))
+        if team.available():
+            _on_team(address, *warm[:2], ldw, *warm[2:], 1, NONE, np.float32(0), np.float32(0))
     del stand_in, warm
+
+    def blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q):
+        if tiled:
+            _tiled(a2, w, yf, n, c, zf, blocks, lo, hi, op, p, q)
+        else:
+            _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, lo, hi, op, p, q)
 
     def run(a, b=None, c_in=None, z_in=None, *, out=None, epilogue=None):
         w = held if held is not None else readonly(np.ascontiguousarray(b, np.float32))
@@ -160,16 +217,18 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
         zf = NOTHING if z is None else readonly(z.reshape(-1))
         m = a2.shape[0]
         if m not in plans:
-            plans[m] = plan(m, n, k)
+            plans[m] = plan(m, n, k, W if tiled else COLUMN_BLOCK)
         blocks = plans[m]
         size = team.size() if len(blocks) > 1 else 1
-        if size > 1:
+        if size > 1 and tiled:
+            _tiled_team(a2, w, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q)
+        elif size > 1:
             _on_team(address, a2, w, ldw, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q)
-        elif len(blocks) == 1:  # one BLAS call (a small product): parallel_for would make it here, after ~0.5 us
-            _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, 0, 1, op, p, q)
+        elif len(blocks) == 1:  # one block (a small product): parallel_for would make it here, after ~0.5 us
+            blocks_of(a2, w, yf, zf, blocks, 0, 1, op, p, q)
         else:
             # the same blocks on the pool's threads (claims refused, a process team) or this one
-            parallel_for(len(blocks), lambda lo, hi: _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, lo, hi, op, p, q),
+            parallel_for(len(blocks), lambda lo, hi: blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q),
                          parts=None if len(blocks) > 1 else 1)
         if fused is None:
             epilogue(y, (slice(None),) * y.ndim)

@@ -84,6 +84,18 @@ def _tile(rows, pa, lda, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
 
 
 @jit
+def column_tiles(pa, lda, k, rows, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
+    """C's (rows, w <= W) block at pc (rows ldc bytes apart) = A's (rows, K) at pa (rows lda bytes apart) @ B's
+    (K, w) panel at pb (rows ldb bytes apart), in tiles of MR rows: the products that take A's rows as broadcast
+    weights (qconv_blas.py's, linear.py's). All int64."""
+    r = 0
+    while r < rows:
+        t = min(MR, rows - r)
+        _tile(t, pa + r * lda, lda, k, pb, ldb, pc + r * ldc, ldc, w)
+        r += t
+
+
+@jit
 def units_of(a, x, y, z, bias, found, op, fa, fb, rm, ra, flags, params, lo, hi):  # pragma: no cover - compiled
     """Units lo..hi of ``found`` (rows i, p0, p1, m0, m1: image i's pixels p0..p1 and output channels m0..m1, m0 a
     multiple of MR): per block of W pixels, the tiles of its channels (a tile within one group: group g's outputs

@@ -35,7 +35,7 @@ from .qconv import EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantiz
 from .igemm import requantize_channels  # noqa: F401 (compiled code calls it)
 from .qdepthwise import (EMPTY, CENTERED, EIGHT, QUANTIZE, _center, _chain, _operand,  # noqa: F401
                          fitted, scaled_run)
-from .pointwise import MR, W, _tile  # noqa: F401 (compiled code calls it)
+from .pointwise import W, column_tiles  # noqa: F401 (compiled code calls it)
 from .smallconv import im2col  # noqa: F401 (compiled code calls it)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
@@ -96,17 +96,14 @@ def _units(address, xs, full, y, found, geos, cf, direct, lo, hi, m, c, s, b, pa
 @jit
 def _blocks(xb, w0, y0, yf, k, rows, mm, hw, i, p0, p1, m0, m1, m, c, s, b, params, z, grid):  # pragma: no cover
     """Image i's pixels p0..p1 of output channels m0..m1 of a 1x1 stride-1 conv by pointwise.py's micro-kernel
-    (`_tile`: MR channels by W pixels in registers, the K products of each output added in channel order by fused
-    multiply-adds, exact here as BLAS's are: integers below 2**24), the input's rows read where they lie from
+    (`column_tiles`: MR channels by W pixels in registers, the K products of each output added in channel order by
+    fused multiply-adds, exact here as BLAS's are: integers below 2**24), the input's rows read where they lie from
     ``xb``; then the unit's epilogue on each block of W pixels while it is in cache."""
     for n0 in range(p0, p1, W):
         w = min(W, p1 - n0)
-        r = m0
-        while r < m1:
-            t = min(MR, m1 - r)
-            _tile(t, w0 + np.int64(4 * r * rows), np.int64(4 * rows), np.int64(k), xb + np.int64(4 * n0),
-                  np.int64(4 * hw), y0 + np.int64(4 * ((i * mm + r) * hw + n0)), np.int64(4 * hw), np.int64(w))
-            r += t
+        column_tiles(w0 + np.int64(4 * m0 * rows), np.int64(4 * rows), np.int64(k), np.int64(m1 - m0),
+                     xb + np.int64(4 * n0), np.int64(4 * hw), y0 + np.int64(4 * ((i * mm + m0) * hw + n0)),
+                     np.int64(4 * hw), np.int64(w))
         at = (i * mm + m0) * hw + n0
         requantize_channels(yf, at, m0, m1, w, hw, m, c, s, b, params)
         if z.size:
