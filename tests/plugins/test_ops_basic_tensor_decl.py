@@ -181,3 +181,23 @@ def test_views_false_kernels_never_alias_their_inputs():
         outs = k.fn(*inputs, **attrs)
         for out in outs if isinstance(outs, tuple) else (outs,):
             assert not any(isinstance(x, np.ndarray) and np.shares_memory(out, x) for x in inputs), (op_type, since)
+
+
+SOFTMAX_CALLS = [(op, since, [x], attrs) for op in ("Softmax", "LogSoftmax", "Hardmax")
+                 for since, attrs in ((13, {}), (13, {"axis": 0}), (1, {"axis": 1}))
+                 for x in (X, np.zeros((0, 3), np.float32))]
+
+
+@pytest.mark.parametrize("op_type, since, inputs, attrs", SOFTMAX_CALLS)
+def test_the_softmax_family_declares_fresh_results_and_returns_them(op_type, since, inputs, attrs):
+    """Softmax, LogSoftmax and Hardmax declare views=False (so a graph output of theirs is not checked each run) and
+    never hand back their input's memory, empty inputs and any axis alike; given ``out``, they return it."""
+    from minfer_ops_basic import activation
+
+    k = next(k for k in kernels_in(activation) if k.op_type == op_type and k.since == since)
+    assert k.views is False
+    out = k.fn(*inputs, **attrs)
+    assert not np.shares_memory(out, inputs[0])
+    buffer = np.empty_like(out)
+    assert k.fn(*inputs, **attrs, out=buffer) is buffer
+    np.testing.assert_array_equal(buffer, out)

@@ -104,11 +104,12 @@ def split_flat(fn: Fn, args: tuple[np.ndarray, ...], out: np.ndarray, at: int) -
     return True
 
 
-def declare(op_type: str, since: int, fn: Fn, doc: str, *, out: bool = False, inplace: tuple[int, ...] = ()) -> Any:
+def declare(op_type: str, since: int, fn: Fn, doc: str, *, out: bool = False, inplace: tuple[int, ...] = (),
+            views: bool | None = None) -> Any:
     """Declare a factory-made kernel, named after its op and version for tracebacks."""
     fn.__name__ = fn.__qualname__ = f"{op_type}_{since}"
     fn.__doc__ = f"{op_type}-{since}: {doc}"
-    return kernel(op_type, since=since, out=out, inplace=inplace)(fn)
+    return kernel(op_type, since=since, out=out, inplace=inplace, views=views)(fn)
 
 
 def writes_out(fn: Fn) -> bool:
