@@ -264,3 +264,46 @@ def test_blocks_of_columns_are_whole_panels_of_the_micro_kernel():
         blocks = linear.plan(m, n, k, linear.W)
         widths = blocks[:, 3] - blocks[:, 2]
         assert (widths[:-1] % linear.W == 0).all() and widths.sum() == n * len(set(map(tuple, blocks[:, :2])))
+
+
+def test_a_deep_b_is_read_in_parts_with_the_uncut_products_bits(monkeypatch):
+    """Past TILED_DEPTH rows of B the micro-kernel reads it in parts, each adding to the tile: the bits of the
+    uncut product (each output's sum continues from the float32 value stored), on one thread and two, numpy's
+    within float32 rounding; a product of few rows (at most linear.ROWS) against such a B stays BLAS's."""
+    _tiled_or_skip()
+    from minfer_core import KernelContext, TensorType
+    from minfer_core.parallel import using_threads
+
+    def run_of(m, k, n):
+        rng = np.random.default_rng(m + k)
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+        ctx = KernelContext("mm", "MatMul", 13, (TensorType(a.dtype, a.shape), TensorType(w.dtype, w.shape)),
+                            (None,), (None, w), 1)
+        return a, w, linear.matmul.prepared(ctx, {})  # (built: numba's dispatchers now hold the module's names)
+
+    def counted():
+        calls = []
+        real = linear._tiled
+        monkeypatch.setattr(linear, "_tiled", lambda *args: calls.append(args[-1]) or real(*args))
+        return calls
+
+    a, w, run = run_of(40, 2500, 70)
+    calls = counted()
+    with using_threads(1):
+        parts = run(a)
+    assert calls and set(calls) == {linear.TILED_DEPTH}
+    np.testing.assert_allclose(parts, a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    with using_threads(2):
+        np.testing.assert_array_equal(run(a), parts)
+    monkeypatch.setattr(linear, "TILED_DEPTH", 4096)  # one part: the uncut product
+    run = run_of(40, 2500, 70)[2]
+    calls = counted()
+    with using_threads(1):
+        np.testing.assert_array_equal(run(a), parts)
+    assert calls and set(calls) == {4096}
+    monkeypatch.setattr(linear, "TILED_DEPTH", 1024)
+    a, w, run = run_of(8, 1500, 100)
+    calls = counted()
+    np.testing.assert_allclose(run(a), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    assert not calls

@@ -17,7 +17,9 @@ from minfer_ops_numba import linear
 from minfer_parallel import set_blas_threads
 
 SHAPES = [(1, 1024, 1000), (1, 544, 1000), (8, 512, 300), (128, 64, 64), (128, 64, 128), (128, 256, 256),
-          (128, 256, 1024), (128, 1024, 256), (1024, 256, 256), (64, 96, 200), (3136, 64, 64)]
+          (128, 256, 1024), (128, 1024, 256), (1024, 256, 256), (64, 96, 200), (3136, 64, 64),
+          # deeper than TILED_DEPTH: BERT-base's and MiniLM's second FFN layers at 128 tokens, a batch-64 head
+          (128, 3072, 768), (128, 1536, 384), (64, 2048, 1000)]
 
 
 def main() -> None:

@@ -9,9 +9,9 @@ code: Gemm's C (one value a column), the fused op's residual and activation (`te
 A team's threads take contiguous runs of blocks; without a team (one thread, claims refused, a process team,
 MINFER_NUMBA_TEAM=0) the same blocks go through `parallel_for`. The same BLAS calls whatever the threads, so the
 same bits; against numpy's kernel, which makes other calls, the last bits may differ where OpenBLAS picks another
-micro-kernel for another call shape (tests/plugins/test_team.py). Where B is not transposed, of at most
-`TILED_DEPTH` rows, and pointwise.py's AVX-512 micro-kernel builds, each block is its tiles instead of a BLAS call
-(`_tiled`): OpenBLAS packs both operands at each call and ran the transformer block's products at 45-58 GMAC/s
+micro-kernel for another call shape (tests/plugins/test_team.py). Where B is not transposed and pointwise.py's
+AVX-512 micro-kernel builds, each block is its tiles instead of a BLAS call (`_tiled`; B read `TILED_DEPTH` rows at
+a time, and past that depth only from ROWS rows of A: `_tiles`): OpenBLAS packs both operands at each call and ran the transformer block's products at 45-58 GMAC/s
 a thread, 68 on two; the micro-kernel 55-58 and 108-114 (onnxruntime's MLAS 56 and 105). Its sums are each
 output's K products in order: the same bits on any thread count, numpy's within float32 rounding.
 
@@ -54,11 +54,12 @@ SMALL_CALL = 1 << 19
 MIN_ROWS, MIN_COLUMNS = 64, 128
 GELU = 100  # `_blocks`' op for minfer-passes' ai.minfer::Gelu (activation.py's ops are 0-3)
 FUSED = "FusedMatMulBias"  # minfer-passes' ai.minfer op: MatMul by a constant, + bias, [+ residual], [activation]
-# B (K, N) not transposed, of at most this many rows: the product by pointwise.py's micro-kernel instead of BLAS
-# (`_tiled`), where it can be built. Each tile re-reads B's K x W panel (K * 256 bytes) from L2, where it stays up to
-# here. OpenBLAS packs both operands at each call and scaled poorly on two threads: the transformer block's
-# 128x256 @ 256x1024 took 752 us on one thread, 491 on two (44.6 and 68.4 GMAC/s), the micro-kernel 608 and 311
-# (55.1 and 108; onnxruntime's MLAS 595 and 319); 128x1024 @ 1024x256 582 and 294 (57.7, 114)
+# B (K, N) not transposed: the product by pointwise.py's micro-kernel instead of BLAS (`_tiled`, where it can be
+# built; 0: never), B's rows this many at a time. Each tile re-reads its part of B's K x W panel (K * 256 bytes)
+# from L2, where it stays up to here. OpenBLAS packs both operands at each call and scaled poorly on two threads:
+# the transformer block's 128x256 @ 256x1024 took 752 us on one thread, 491 on two (44.6 and 68.4 GMAC/s), the
+# micro-kernel 608 and 311 (55.1 and 108; onnxruntime's MLAS 595 and 319); 128x1024 @ 1024x256 582 and 294 (57.7,
+# 114)
 TILED_DEPTH = 1024
 
 
@@ -98,18 +99,20 @@ def _blocks(address, a, w, ldw, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragm
 
 
 @jit
-def _tiled(a, w, yf, n, c, z, blocks, lo, hi, op, p, q):  # pragma: no cover - compiled
+def _tiled(a, w, yf, n, c, z, blocks, lo, hi, op, p, q, depth):  # pragma: no cover - compiled
     """`_blocks` by pointwise.py's micro-kernel instead of BLAS, B ``w`` (K, N) as it lies: per block, for each W
-    of its columns (B's K x W panel, read from cache by each tile) the tiles of A's rows (`column_tiles`: their
-    values broadcast), each output's K products added in order by fused multiply-adds; then `_write_out`."""
+    of its columns the tiles of A's rows (`column_tiles`: their values broadcast) on B's panel, ``depth`` rows of
+    it at a time (K x W floats stay in L2 up to TILED_DEPTH rows; each later part adds to the tile: the same sums),
+    each output's K products added in order by fused multiply-adds; then `_write_out`."""
     k = a.shape[1]
     a0, w0, y0 = np.int64(a.ctypes.data), np.int64(w.ctypes.data), np.int64(yf.ctypes.data)
     for b in range(lo, hi):
         r0, r1, c0, c1 = blocks[b, 0], blocks[b, 1], blocks[b, 2], blocks[b, 3]
         for n0 in range(c0, c1, W):
-            column_tiles(a0 + np.int64(4 * r0 * k), np.int64(4 * k), np.int64(k), np.int64(r1 - r0),
-                         w0 + np.int64(4 * n0), np.int64(4 * n), y0 + np.int64(4 * (r0 * n + n0)), np.int64(4 * n),
-                         np.int64(min(W, c1 - n0)))
+            for k0 in range(0, k, depth):
+                column_tiles(a0 + np.int64(4 * (r0 * k + k0)), np.int64(4 * k), np.int64(min(depth, k - k0)),
+                             np.int64(r1 - r0), w0 + np.int64(4 * (k0 * n + n0)), np.int64(4 * n),
+                             y0 + np.int64(4 * (r0 * n + n0)), np.int64(4 * n), np.int64(min(W, c1 - n0)), k0 > 0)
         _write_out(yf, n, c, z, r0, r1, c0, c1, op, p, q)
 
 
@@ -122,11 +125,11 @@ def _on_team(address, a, w, ldw, yf, n, c, z, blocks, parts, op, p, q):  # pragm
 
 
 @jit(parallel=True)
-def _tiled_team(a, w, yf, n, c, z, blocks, parts, op, p, q):  # pragma: no cover - compiled
+def _tiled_team(a, w, yf, n, c, z, blocks, parts, op, p, q, depth):  # pragma: no cover - compiled
     """`_tiled` in ``parts`` contiguous runs of blocks, one a team thread."""
     count = blocks.shape[0]
     for t in prange(parts):
-        _tiled(a, w, yf, n, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q)
+        _tiled(a, w, yf, n, c, z, blocks, count * t // parts, count * (t + 1) // parts, op, p, q, depth)
 
 
 @jit
@@ -179,27 +182,28 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     shape = held.shape if held is not None else shape
     k, n = (shape[1], shape[0]) if transposed else shape
     ldw = -k if transposed else n
-    tiled = not transposed and k <= TILED_DEPTH and pointwise.available()
-    plans: dict[int, np.ndarray] = {}
+    tiled = TILED_DEPTH > 0 and not transposed and pointwise.available()  # the micro-kernel's, as `_tiles` says
+    plans: dict[int, tuple[np.ndarray, bool]] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
     if tiled:
         pointwise._ensure_kernels()  # its intrinsics, before _tiled (which calls `_tile`) compiles
     stand_in = held if held is not None else readonly(np.zeros(shape, np.float32))  # not kept: warming only
     warm = (readonly(np.zeros((1, k), np.float32)), stand_in, np.zeros(n, np.float32), n, c, NOTHING,
             plan(1, n, k)[:1])
+    rest = (NONE, np.float32(0), np.float32(0))
     if tiled:  # compile (or load) now, not in a run
-        _tiled(*warm, 0, 1, NONE, np.float32(0), np.float32(0))
+        _tiled(*warm, 0, 1, *rest, TILED_DEPTH)
         if team.available():
-            _tiled_team(*warm, 1, NONE, np.float32(0), np.float32(0))
-    else:
-        _blocks(address, *warm[:2], ldw, *warm[2:], 0, 1, NONE, np.float32(0), np.float32(0))
+            _tiled_team(*warm, 1, *rest, TILED_DEPTH)
+    if not tiled or k > TILED_DEPTH:  # (BLAS's then, for a product of few rows)
+        _blocks(address, *warm[:2], ldw, *warm[2:], 0, 1, *rest)
         if team.available():
-            _on_team(address, *warm[:2], ldw, *warm[2:], 1, NONE, np.float32(0), np.float32(0))
+            _on_team(address, *warm[:2], ldw, *warm[2:], 1, *rest)
     del stand_in, warm
 
-    def blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q):
-        if tiled:
-            _tiled(a2, w, yf, n, c, zf, blocks, lo, hi, op, p, q)
+    def blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q, micro):
+        if micro:
+            _tiled(a2, w, yf, n, c, zf, blocks, lo, hi, op, p, q, TILED_DEPTH)
         else:
             _blocks(address, a2, w, ldw, yf, n, c, zf, blocks, lo, hi, op, p, q)
 
@@ -217,24 +221,32 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
         zf = NOTHING if z is None else readonly(z.reshape(-1))
         m = a2.shape[0]
         if m not in plans:
-            plans[m] = plan(m, n, k, W if tiled else COLUMN_BLOCK)
-        blocks = plans[m]
+            micro = tiled and _tiles(m, k)
+            plans[m] = plan(m, n, k, W if micro else COLUMN_BLOCK), micro
+        blocks, micro = plans[m]
         size = team.size() if len(blocks) > 1 else 1
-        if size > 1 and tiled:
-            _tiled_team(a2, w, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q)
+        if size > 1 and micro:
+            _tiled_team(a2, w, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q, TILED_DEPTH)
         elif size > 1:
             _on_team(address, a2, w, ldw, yf, n, c, zf, blocks, min(size, len(blocks)), op, p, q)
         elif len(blocks) == 1:  # one block (a small product): parallel_for would make it here, after ~0.5 us
-            blocks_of(a2, w, yf, zf, blocks, 0, 1, op, p, q)
+            blocks_of(a2, w, yf, zf, blocks, 0, 1, op, p, q, micro)
         else:
             # the same blocks on the pool's threads (claims refused, a process team) or this one
-            parallel_for(len(blocks), lambda lo, hi: blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q),
+            parallel_for(len(blocks), lambda lo, hi: blocks_of(a2, w, yf, zf, blocks, lo, hi, op, p, q, micro),
                          parts=None if len(blocks) > 1 else 1)
         if fused is None:
             epilogue(y, (slice(None),) * y.ndim)
         return y
 
     return run
+
+
+def _tiles(m: int, k: int) -> bool:
+    """Whether a product of m rows and depth k takes the micro-kernel (where B's layout lets it): up to TILED_DEPTH
+    rows of B always; deeper, in parts of TILED_DEPTH rows, from ROWS rows of A (a few rows against a deep B stream
+    it from memory whatever computes them, and OpenBLAS's small-matrix kernel does so as fast)."""
+    return k <= TILED_DEPTH or m > ROWS
 
 
 def _constant_b(ctx: Any) -> np.ndarray | None:

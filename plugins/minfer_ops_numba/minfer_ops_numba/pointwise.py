@@ -84,14 +84,32 @@ def _tile(rows, pa, lda, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
 
 
 @jit
-def column_tiles(pa, lda, k, rows, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
+def _tile_add(rows, pa, lda, k, pb, ldb, pc, ldc, w):  # pragma: no cover - compiled
+    """`_tile` adding its products to the tile's values in C (its accumulators start from them, not from zero)."""
+    if rows == 4:
+        _pa4(pa, lda, k, pb, ldb, pc, ldc, w)
+    elif rows == 3:
+        _pa3(pa, lda, k, pb, ldb, pc, ldc, w)
+    elif rows == 2:
+        _pa2(pa, lda, k, pb, ldb, pc, ldc, w)
+    else:
+        _pa1(pa, lda, k, pb, ldb, pc, ldc, w)
+
+
+@jit
+def column_tiles(pa, lda, k, rows, pb, ldb, pc, ldc, w, add):  # pragma: no cover - compiled
     """C's (rows, w <= W) block at pc (rows ldc bytes apart) = A's (rows, K) at pa (rows lda bytes apart) @ B's
     (K, w) panel at pb (rows ldb bytes apart), in tiles of MR rows: the products that take A's rows as broadcast
-    weights (qconv_blas.py's, linear.py's). All int64."""
+    weights (qconv_blas.py's, linear.py's). With ``add``, C += the products: each output's sum continues from the
+    float32 value C holds, as it would have in the register (a product cut along K gives the uncut one's bits).
+    All int64 but ``add``."""
     r = 0
     while r < rows:
         t = min(MR, rows - r)
-        _tile(t, pa + r * lda, lda, k, pb, ldb, pc + r * ldc, ldc, w)
+        if add:
+            _tile_add(t, pa + r * lda, lda, k, pb, ldb, pc + r * ldc, ldc, w)
+        else:
+            _tile(t, pa + r * lda, lda, k, pb, ldb, pc + r * ldc, ldc, w)
         r += t
 
 
@@ -245,32 +263,36 @@ def _warm(a: np.ndarray, bias: np.ndarray) -> None:
 def _ensure_kernels() -> None:
     """The IR micro-kernels, as numba intrinsics, in this module's namespace, where `_tile` looks them up when the
     module compiles (made here, not at import: they need numba, imported at the first use)."""
-    if "_pw4" in globals():  # made last
+    if "_pa4" in globals():  # made last
         return
-    for rows in range(1, MR + 1):
-        globals()[f"_pw{rows}"] = _intrinsic(rows)
+    for add in (False, True):
+        for rows in range(1, MR + 1):
+            globals()[f"_p{'a' if add else 'w'}{rows}"] = _intrinsic(rows, add)
 
 
-def _intrinsic(rows: int) -> Any:
+def _intrinsic(rows: int, add: bool = False) -> Any:
     """``_pw<rows>(pa, lda, k, pb, ldb, pc, ldc, w)`` (all int64): Y's (rows, w <= 64) tile at pc (rows ldc bytes
-    apart) = the weights' (rows, K) at pa (rows lda bytes apart) @ X's (K, w) panel at pb (rows ldb bytes apart)."""
+    apart) = the weights' (rows, K) at pa (rows lda bytes apart) @ X's (K, w) panel at pb (rows ldb bytes apart);
+    with ``add`` (``_pa<rows>``), Y's tile += that product."""
     from numba import types
     from numba.extending import intrinsic
 
     def typer(typingctx: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> Any:
         def codegen(context: Any, builder: Any, signature: Any, values: Any) -> Any:
-            _tile_ir(rows, builder, *values)
+            _tile_ir(rows, builder, *values, add=add)
             return context.get_dummy_value()
 
         return types.void(*[types.int64] * 8), codegen
 
-    typer.__name__ = f"_pw{rows}"
+    typer.__name__ = f"_p{'a' if add else 'w'}{rows}"
     return intrinsic(typer)
 
 
-def _tile_ir(rows: int, builder: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any) -> None:
-    """The tile's IR: acc[r][j] = 0; for each of the K channels, X's four vectors of the panel (masked past w) and
-    rows broadcasts of the weights, rows * 4 fused multiply-adds; then the accumulators stored (masked)."""
+def _tile_ir(rows: int, builder: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: Any, pc: Any, ldc: Any, w: Any,
+             add: bool = False) -> None:
+    """The tile's IR: acc[r][j] = 0 (with ``add``: Y's tile, masked past w); for each of the K channels, X's four
+    vectors of the panel (masked past w) and rows broadcasts of the weights, rows * 4 fused multiply-adds; then the
+    accumulators stored (masked)."""
     from llvmlite import ir
 
     i64, i32, f32 = ir.IntType(64), ir.IntType(32), ir.FloatType()
@@ -287,6 +309,8 @@ def _tile_ir(rows: int, builder: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: A
     masks = [builder.icmp_unsigned("<", ir.Constant(ir.VectorType(i64, 16), list(range(16 * j, 16 * j + 16))),
                                    _splat(builder, w, 16)) for j in range(NV)]
     zero = ir.Constant(v16, [0.0] * 16)
+    start = [builder.call(load, [_at(builder, pc, builder.add(builder.mul(i64(r), ldc), i64(64 * j)), v16), i32(4),
+                                 masks[j], zero]) if add else zero for r in range(rows) for j in range(NV)]
     entry = builder.block
     body, done = builder.append_basic_block("pointwise_loop"), builder.append_basic_block("pointwise_done")
     builder.branch(body)
@@ -305,8 +329,8 @@ def _tile_ir(rows: int, builder: Any, pa: Any, lda: Any, k: Any, pb: Any, ldb: A
     step = builder.add(c, i64(1))
     c.add_incoming(i64(0), entry)
     c.add_incoming(step, builder.block)
-    for phi, value in zip(acc, summed):
-        phi.add_incoming(zero, entry)
+    for phi, value, first in zip(acc, summed, start):
+        phi.add_incoming(first, entry)
         phi.add_incoming(value, builder.block)
     builder.cbranch(builder.icmp_signed("<", step, k), body, done)
     builder.position_at_end(done)

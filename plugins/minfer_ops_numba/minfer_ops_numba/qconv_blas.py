@@ -103,7 +103,7 @@ def _blocks(xb, w0, y0, yf, k, rows, mm, hw, i, p0, p1, m0, m1, m, c, s, b, para
         w = min(W, p1 - n0)
         column_tiles(w0 + np.int64(4 * m0 * rows), np.int64(4 * rows), np.int64(k), np.int64(m1 - m0),
                      xb + np.int64(4 * n0), np.int64(4 * hw), y0 + np.int64(4 * ((i * mm + m0) * hw + n0)),
-                     np.int64(4 * hw), np.int64(w))
+                     np.int64(4 * hw), np.int64(w), False)
         at = (i * mm + m0) * hw + n0
         requantize_channels(yf, at, m0, m1, w, hw, m, c, s, b, params)
         if z.size:
