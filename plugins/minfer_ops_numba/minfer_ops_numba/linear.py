@@ -10,10 +10,11 @@ A team's threads take contiguous runs of blocks; without a team (one thread, cla
 MINFER_NUMBA_TEAM=0) the same blocks go through `parallel_for`. The same BLAS calls whatever the threads, so the
 same bits; against numpy's kernel, which makes other calls, the last bits may differ where OpenBLAS picks another
 micro-kernel for another call shape (tests/plugins/test_team.py). Where B is not transposed and pointwise.py's
-AVX-512 micro-kernel builds, each block is its tiles instead of a BLAS call (`_tiled`; B read `TILED_DEPTH` rows at
-a time, and past that depth only from ROWS rows of A: `_tiles`): OpenBLAS packs both operands at each call and ran the transformer block's products at 45-58 GMAC/s
-a thread, 68 on two; the micro-kernel 55-58 and 108-114 (onnxruntime's MLAS 56 and 105). Its sums are each
-output's K products in order: the same bits on any thread count, numpy's within float32 rounding.
+AVX-512 micro-kernel builds, each block is its tiles instead of a BLAS call (`_tiled`; B read `TILED_DEPTH` rows
+at a time, and past that depth only for more than ROWS rows of A: `_tiles`): OpenBLAS packs both operands at each
+call and ran the transformer block's products at 45-58 GMAC/s a thread, 68 on two; the micro-kernel 55-58 and
+108-114 (onnxruntime's MLAS 56 and 105). Its sums are each output's K products in order: the same bits on any
+thread count, numpy's within float32 rounding.
 
 A MatMul of two run-time operands with the same batch dims (attention's Q @ K^T and its weights @ V) is one
 ``cblas_sgemm`` call a matrix (`products_of`; K^T as cblas' transposed B, read in K's own layout), the matrices
