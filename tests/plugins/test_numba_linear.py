@@ -307,3 +307,22 @@ def test_a_deep_b_is_read_in_parts_with_the_uncut_products_bits(monkeypatch):
     calls = counted()
     np.testing.assert_allclose(run(a), a.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
     assert not calls
+
+
+@pytest.mark.parametrize("m", [40, 1])
+def test_empty_products_are_the_bias_alone(m):
+    """A MatMul by a constant (0, N) B, + bias: the bias alone (no product to sum: the micro-kernel's loop, which
+    sums at least one row, is not used; the blocks' cut divided by the depth); an A of no rows: no rows."""
+    from minfer_core import KernelContext, TensorType
+
+    def run(a, w, c):
+        types = tuple(TensorType(v.dtype, v.shape) for v in (a, w, c))
+        ctx = KernelContext("fmm", linear.FUSED, 1, types, (None,), (None, w, c), 1)
+        assert linear._applies_fused(ctx, {})
+        out = np.full((a.shape[0], w.shape[1]), np.nan, np.float32)
+        return linear.fused_matmul_bias.prepared(ctx, {})(a, None, None, out=out)
+
+    c = np.arange(70, dtype=np.float32)
+    np.testing.assert_array_equal(run(np.ones((m, 0), np.float32), np.ones((0, 70), np.float32), c),
+                                  np.broadcast_to(c, (m, 70)))
+    assert run(np.ones((0, 8), np.float32), np.ones((8, 70), np.float32), c).shape == (0, 70)

@@ -25,6 +25,7 @@ threads. The transformer block's two attention products (4 heads of 128x64 @ 64x
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -168,7 +169,7 @@ def plan(m: int, n: int, k: int, column: int = COLUMN_BLOCK) -> np.ndarray:
     if m > ROWS:
         count = min(count, max(2, n // MIN_COLUMNS))
     width = -(-n // (count * column)) * column
-    small = SMALL_CALL // (m * k) // column * column
+    small = SMALL_CALL // max(1, m * k) // column * column  # (an empty A or B: no rows or depth)
     if small >= 2 * column and m <= ROWS:  # narrower calls lost (8x4096 @ 4096x4096 as given: 3.6x)
         width = min(width, small)
     return np.array([[0, m, c, min(n, c + width)] for c in range(0, n, width)], np.int64)
@@ -183,7 +184,8 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     shape = held.shape if held is not None else shape
     k, n = (shape[1], shape[0]) if transposed else shape
     ldw = -k if transposed else n
-    tiled = TILED_DEPTH > 0 and not transposed and pointwise.available()  # the micro-kernel's, as `_tiles` says
+    # the micro-kernel's product as `_tiles` says (not for K = 0: its loop sums at least one row; BLAS writes zeros)
+    tiled = TILED_DEPTH > 0 and k > 0 and not transposed and pointwise.available()
     plans: dict[int, tuple[np.ndarray, bool]] = {}
     globals()["gemm"] = team.install()  # before the first compile: compiled code looks the name up here
     if tiled:
@@ -211,7 +213,7 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     def run(a, b=None, c_in=None, z_in=None, *, out=None, epilogue=None):
         w = held if held is not None else readonly(np.ascontiguousarray(b, np.float32))
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
-        a2, yf = readonly(np.ascontiguousarray(a)).reshape(-1, k), y.reshape(-1)
+        a2, yf = readonly(np.ascontiguousarray(a)).reshape(math.prod(a.shape[:-1]), k), y.reshape(-1)  # (k may be 0)
         if act is not None:
             fused = (*act, None if z_in is None else np.ascontiguousarray(z_in))
         else:
