@@ -213,7 +213,8 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
     def run(a, b=None, c_in=None, z_in=None, *, out=None, epilogue=None):
         w = held if held is not None else readonly(np.ascontiguousarray(b, np.float32))
         y = out if out is not None else np.empty(a.shape[:-1] + (n,), np.float32)
-        a2, yf = readonly(np.ascontiguousarray(a)).reshape(math.prod(a.shape[:-1]), k), y.reshape(-1)  # (k may be 0)
+        rows = a.size // k if k else math.prod(a.shape[:-1])  # (pixel_conv's a is (N, C, 1, 1): its rows by size)
+        a2, yf = readonly(np.ascontiguousarray(a)).reshape(rows, k), y.reshape(-1)
         if act is not None:
             fused = (*act, None if z_in is None else np.ascontiguousarray(z_in))
         else:
