@@ -248,7 +248,7 @@ def _product(held: np.ndarray | None, transposed: bool, c: np.ndarray, shape: tu
 
 def _tiles(m: int, k: int) -> bool:
     """Whether a product of m rows and depth k takes the micro-kernel (where B's layout lets it): up to TILED_DEPTH
-    rows of B always; deeper, in parts of TILED_DEPTH rows, from ROWS rows of A (a few rows against a deep B stream
+    rows of B always; deeper, in parts of TILED_DEPTH rows, past ROWS rows of A (a few rows against a deep B stream
     it from memory whatever computes them, and OpenBLAS's small-matrix kernel does so as fast)."""
     return k <= TILED_DEPTH or m > ROWS
 
