@@ -12,9 +12,10 @@ from ._util import MINFER_DOMAIN
 
 def patterns() -> Any:
     """The pass's target strategy: Q -> QLinearConv -> DQ (int8 or uint8 activations, random zero points, a bias,
-    per-tensor or per-channel weights, stride 1 or 2) then another such conv, or a QuantizeDequantize and sometimes
-    a residual Add/Sum rounded again (a QDQ model's block tail); or ConvInteger -> Cast -> Mul by a scalar; each
-    intermediate sometimes read elsewhere or a graph output."""
+    per-tensor or per-channel weights, stride 1 or 2), its 8-bit output sometimes read as it is by a second
+    QLinearConv (an 8-bit edge), then another such conv, or a QuantizeDequantize and sometimes a residual Add/Sum
+    rounded again (a QDQ model's block tail); or ConvInteger -> Cast -> Mul by a scalar; each intermediate sometimes
+    read elsewhere or a graph output."""
     from hypothesis import strategies as st
 
     from minfer_core.testing import GraphBuilder
@@ -106,6 +107,12 @@ def patterns() -> Any:
         y = b.op("QLinearConv", xq, xs, xz, w, ws, wz, ys, yz, *bias, kernel_shape=[3, 3], pads=[1, 1, 1, 1],
                  strides=[stride, stride], group=m if depthwise else 1)
         exposed(draw, b, y)
+        if draw(st.booleans()):  # a second conv reading the 8-bit y as it is (an 8-bit edge)
+            w2 = b.const(rng.integers(-127, 128, (m, 1 if depthwise else m, 3, 3)).astype(np.int8))
+            ys2, yz2 = params(draw, b, dtype)
+            y2 = b.op("QLinearConv", y, ys, yz, w2, b.const(np.float32(0.01)), b.const(np.int8(0)), ys2, yz2,
+                      kernel_shape=[3, 3], pads=[1, 1, 1, 1], group=m if depthwise else 1)
+            b.output(b.op("DequantizeLinear", y2, ys2, yz2))
         d = b.op("DequantizeLinear", y, ys, yz)
         e = affine(draw, b, d, m)
         if e != d:
