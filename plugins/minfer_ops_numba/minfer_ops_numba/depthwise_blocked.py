@@ -39,7 +39,8 @@ from minfer_core import intra_op_threads, kernel, parallel_for, spmd
 
 from . import channels, team
 from ._jit import PRIORITY, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
-from .activation import CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, SWISH, _swish, _value  # noqa: F401 (compiled)
+from .activation import (CLIP, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, ROUND, SWISH, _round, _swish,  # noqa: F401
+                         _value)  # (compiled code calls them)
 from .channels import LANES, drain, fill, lined, runs  # noqa: F401 (runs: compiled code calls it)
 from .depthwise import AFTER, applies, compiled_epilogue, finished, path
 from .team import NONE, NOTHING, finish, prange  # noqa: F401 (compiled: the driver's)
@@ -78,6 +79,9 @@ def block_sums(x, w, bias, y, c0, c1, dst, offs, planes, hp, wp, sh, sw, kind, o
         if op == SWISH:  # `_value` leaves Swish out (activation.py)
             for i in range(oh * ow * LANES):
                 acc[uintp(i)] = _swish(acc[uintp(i)], a)
+        elif op == ROUND:  # its own loop: through `_value`'s branches it stays scalar (team.py's `_activate`)
+            for i in range(oh * ow * LANES):
+                acc[uintp(i)] = _round(acc[uintp(i)], a, b)
         elif op != NONE and not registers:
             for i in range(oh * ow * LANES):
                 acc[uintp(i)] = _value(acc[uintp(i)], op, a, b)

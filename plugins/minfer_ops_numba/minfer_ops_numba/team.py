@@ -45,7 +45,7 @@ from minfer_core import claim_threads, intra_op_threads
 
 from ._jit import jit, uintp  # noqa: F401 (uintp: rebound to numba's type at compile)
 from .activation import (CLIP, F32_MAX, HARD_SIGMOID, HARD_SWISH, LEAKY_RELU, ROUND, SWISH, _swish,  # noqa: F401
-                         _value, round_bounds)  # (_value, _swish: compiled)
+                         _round, _value, round_bounds)  # (_round, _value, _swish: compiled)
 
 ENV = "MINFER_NUMBA_TEAM"
 # How long an OpenMP thread spins for work (and the caller for its team at a loop's end) before it sleeps, unless
@@ -323,6 +323,9 @@ def _activate(y, lo, hi, op, a, b):  # pragma: no cover - compiled
     elif op == SWISH:
         for i in range(lo, hi):
             y[uintp(i)] = _swish(y[uintp(i)], a)
+    elif op == ROUND:  # a DequantConv's rounding (its own loop too: through `_value`'s branches it stayed scalar)
+        for i in range(lo, hi):
+            y[uintp(i)] = _round(y[uintp(i)], a, b)
     else:
         for i in range(lo, hi):
             y[uintp(i)] = _value(y[uintp(i)], op, a, b)
