@@ -175,3 +175,20 @@ def test_rounding_after_maxpool_of_a_rounded_integer_conv_is_dropped():
     assert [n.op_type for n in engine.graph.nodes] == ["FloatQLinearConv", "MaxPool"]
     unfused = Engine(model, disabled_passes=("integer_conv_fusion",))
     np.testing.assert_array_equal(engine.run(None, feeds)[0], unfused.run(None, feeds)[0])
+
+
+def test_a_residual_rounded_conv_s_type_is_inferred():
+    """FloatQLinearConv's inference takes every attribute the integer fusion gives it, ``residual_rounding`` too (it
+    was passed on to onnx's Conv inference, which refused it: a graph whose fused conv's type was inferred again, as
+    the pass suite's runs do, failed to build)."""
+    from minfer_core import TensorType
+    from minfer_ops_conv.qlinear import _infer_float_qlinear_conv
+
+    f32, i8 = np.dtype(np.float32), np.dtype(np.int8)
+    types = (TensorType(i8, (1, 1, 6, 4)), TensorType(f32, ()), TensorType(i8, ()), TensorType(i8, (3, 1, 3, 3)),
+             TensorType(f32, ()), TensorType(i8, ()), TensorType(f32, ()), TensorType(i8, ()), None,
+             TensorType(f32, (3,)), TensorType(f32, (3,)), TensorType(f32, (1, 3, 4, 2)))
+    (out,) = _infer_float_qlinear_conv(*types, float_output=1, output_rounding=[0.05, -128.0, 127.0],
+                                       residual_rounding=[0.05, -128.0, 127.0], kernel_shape=[3, 3], strides=[2, 2],
+                                       pads=[1, 1, 1, 1])
+    assert out.dtype == f32 and tuple(out.shape) == (1, 3, 3, 2)

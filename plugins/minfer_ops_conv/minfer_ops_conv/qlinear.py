@@ -312,7 +312,7 @@ def _infer_qgemm(a: TensorType | None, *rest: TensorType | None, **attrs: Any) -
 
 def _infer_float_qlinear_conv(*types: TensorType | None, float_input: int = 0, float_output: int = 0,
                               activation: str = "", activation_params: Any = None, output_quantization: Any = None,
-                              output_rounding: Any = None,
+                              output_rounding: Any = None, residual_rounding: Any = None,
                               **attrs: Any) -> list:
     out = _float_infer("Conv", (0, 3), 7)(*types[:9], **attrs)
     return [TensorType(np.float32, out[0].shape)] if float_output and out[0] is not None else out
