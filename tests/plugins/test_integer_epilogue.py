@@ -210,3 +210,49 @@ def test_dynamic_input_quantized_in_the_conv_is_dynamic_quantize_linear(special)
     want = Engine(model, disabled_passes=("integer_conv_fusion",)).run(None, {"x": x})[0]
     with np.errstate(invalid="ignore"):
         np.testing.assert_array_equal(engine.run(None, {"x": x})[0], want)
+
+
+def dynamic_bias_chain(depthwise: bool, act: str, bias_shape: tuple[int, ...]) -> onnx.ModelProto:
+    """quantize_dynamic's conv of a model whose BatchNormalizations were folded first (quant_pre_process): the
+    conv's bias as an Add of one value per channel after the Mul, then the activation."""
+    consts = dict(w=RNG.integers(-127, 128, (C, 1 if depthwise else C, 3, 3)).astype(np.int8), wz=np.int8(0),
+                  ws=np.float32(0.013), bias=RNG.uniform(-1, 1, bias_shape).astype(np.float32))
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
+             helper.make_node("Mul", ["xs", "ws"], ["s"]),
+             helper.make_node("ConvInteger", ["xq", "w", "xz", "wz"], ["acc"], pads=[1, 1, 1, 1],
+                              group=C if depthwise else 1),
+             helper.make_node("Cast", ["acc"], ["accf"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["accf", "s"], ["y"]),
+             helper.make_node("Add", ["bias", "y"], ["n"])]
+    if act:
+        _act(nodes, consts, act, "n", "out")
+    return make_model(nodes, [tensor("x", [1, C, 7, 7])], [tensor("out" if act else "n", [1, C, 7, 7])],
+                      _inits(**consts), opset=13)
+
+
+@pytest.mark.parametrize("bias_shape", [(C, 1, 1), (1, C, 1, 1)])
+@pytest.mark.parametrize("act", ["", "Relu", "Clip"])
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_bias_add_after_scaled_conv_integer_joins_its_epilogue_exactly(depthwise, act, bias_shape):
+    """ConvInteger -> Cast -> Mul -> Add(per-channel bias) [-> Relu/Clip] becomes one ScaledConvInteger with the
+    bias as its B and the activation: no Add or activation pass left, bit for bit the graph without the integer
+    fusion, and onnxruntime's values."""
+    model = dynamic_bias_chain(depthwise, act, bias_shape)
+    x = (2 * RNG.standard_normal((1, C, 7, 7))).astype(np.float32)
+    engine = Engine(model)
+    (node,) = engine.graph.nodes
+    assert node.op_type == "ScaledConvInteger" and len(node.inputs) == 7 and not node.inputs[5], node.inputs
+    assert node.attrs.get("activation", "") == act
+    got = engine.run(None, {"x": x})[0]
+    np.testing.assert_array_equal(got, Engine(model, disabled_passes=("integer_conv_fusion",)).run(None, {"x": x})[0])
+    np.testing.assert_allclose(got, ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)
+
+
+def test_a_bias_along_another_axis_stays_an_add():
+    """A constant of C values along the last axis is no per-channel bias: the Add stays."""
+    model = dynamic_bias_chain(False, "", (1, 1, 1, 7))
+    x = (2 * RNG.standard_normal((1, C, 7, 7))).astype(np.float32)
+    engine = Engine(model)
+    assert [n.op_type for n in engine.graph.nodes][0] == "ScaledConvInteger"
+    assert len(engine.graph.nodes) == 2
+    np.testing.assert_allclose(engine.run(None, {"x": x})[0], ort_run(model, {"x": x})[0], rtol=1e-5, atol=1e-5)

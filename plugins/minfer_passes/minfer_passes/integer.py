@@ -113,6 +113,7 @@ def integer_conv_fusion(graph: Graph) -> bool:
     fused = _qlinear_convs(graph)
     fused = _scaled_convs(graph) or fused
     fused = _affine_epilogues(graph) or fused
+    fused = _bias_epilogues(graph) or fused
     fused = _dynamic_inputs(graph) or fused
     fused = _quantized_edges(graph) or fused
     fused = _rounded_outputs(graph) or fused
@@ -366,6 +367,65 @@ def _affine_epilogues(graph: Graph) -> bool:
         graph.replace([node, ca], Node(node.op_type, inputs, list(ca.outputs), attrs, node.name, node.domain))
         changed = True
     return changed
+
+
+def _channel_bias(graph: Graph, add: Node, y: str, rank: int, channels: int) -> np.ndarray | None:
+    """The Add's other operand as a flat (channels,) float32 array when it is a constant of one value per channel
+    that broadcasts along axis 1 of a rank-``rank`` y (shape (C, 1, ...) or (1, C, 1, ...)), else None."""
+    others = [v for v in add.inputs if v != y]
+    if add.domain or add.op_type != "Add" or len(add.inputs) != 2 or len(others) != 1:
+        return None
+    b = const(graph, others[0])
+    if b is None or b.dtype != np.float32 or b.size != channels or b.ndim > rank:
+        return None
+    dims = (1,) * (rank - b.ndim) + tuple(b.shape)
+    return b.reshape(-1) if dims[1] == channels and all(d == 1 for i, d in enumerate(dims) if i != 1) else None
+
+
+def _bias_epilogues(graph: Graph) -> bool:
+    """A ScaledConvInteger's float output read only by an Add of a constant per-channel bias (quantize_dynamic's
+    form of a conv's bias: ConvInteger has none), and that sum's only reader a Relu or Clip of constant bounds if
+    any: the bias as the epilogue's B (S absent), the activation its attribute: the Add and the activation, each a
+    pass over the output (a FusedElementwise after elementwise_fusion), in the conv's epilogue. Exact: the epilogue
+    computes act(v * scale + B) with the nodes' float32 operations (addition commutes)."""
+    changed = False
+    for node in list(graph.nodes):
+        if node.domain != MINFER_DOMAIN or node.op_type != SCALED or len(node.inputs) > AFFINE_SLOT[SCALED]:
+            continue
+        if node.attrs.get("activation"):
+            continue
+        y, t = node.outputs[0], graph.type_of(node.outputs[0])
+        add = graph.sole_consumer(y)
+        if add is None or t is None or t.shape is None or len(t.shape) < 3 or not isinstance(t.shape[1], int):
+            continue
+        bias = _channel_bias(graph, add, y, len(t.shape), t.shape[1])
+        if bias is None:
+            continue
+        fused, attrs = [node, add], dict(node.attrs)
+        act = graph.sole_consumer(add.outputs[0])
+        if act is not None and not act.domain and act.op_type in ("Relu", "Clip") and act.inputs[0] == add.outputs[0]:
+            params = [] if act.op_type == "Relu" else _clip_bounds(graph, act)
+            if params is not None:
+                fused.append(act)
+                attrs.update(activation=act.op_type, activation_params=params)
+        inputs = (list(node.inputs) + [""] * 5)[:5] + ["", add_const(graph, f"{y}_bias", bias)]
+        graph.replace(fused, Node(SCALED, inputs, list(fused[-1].outputs), attrs, node.name, node.domain))
+        changed = True
+    return changed
+
+
+def _clip_bounds(graph: Graph, clip: Node) -> list[float] | None:
+    """A Clip's [low, high] (float32 values, an absent bound infinite) when constant, else None."""
+    if "min" in clip.attrs or "max" in clip.attrs:
+        return [float(np.float32(clip.attrs.get("min", -np.inf))), float(np.float32(clip.attrs.get("max", np.inf)))]
+    bounds = []
+    for i, default in ((1, -np.inf), (2, np.inf)):
+        name = clip.inputs[i] if len(clip.inputs) > i else ""
+        value = const(graph, name) if name else np.asarray(default, np.float32)
+        if value is None or value.size != 1:
+            return None
+        bounds.append(float(np.asarray(value).reshape(-1)[0]))
+    return bounds
 
 
 def _scale_of(graph: Graph, mul: Node, cast_out: str, rank: int) -> str | None:

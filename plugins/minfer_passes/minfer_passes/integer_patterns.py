@@ -65,7 +65,8 @@ def patterns() -> Any:
 
     @st.composite
     def scaled(draw: Any) -> Any:
-        """ConvInteger (uint8 input, int8 weights, zero points or not) -> Cast -> Mul by a float32 scalar."""
+        """ConvInteger (uint8 input, int8 weights, zero points or not) -> Cast -> Mul by a float32 scalar [-> Add of
+        a per-channel bias [-> Relu/Clip]]."""
         b = GraphBuilder(opset=13)
         c, m = draw(st.integers(1, 4)), draw(st.integers(1, 4))
         x = b.input((1, c, draw(st.integers(3, 6)), draw(st.integers(3, 6))), dtype=np.uint8)
@@ -79,6 +80,17 @@ def patterns() -> Any:
         s = b.input(draw(st.sampled_from([(), (1,), (1, 1, 1, 1)]))) if draw(st.booleans()) else \
             b.const(np.float32(draw(st.sampled_from([0.001, 0.37]))))
         y = b.op("Mul", *draw(st.permutations([f, s])))
+        if draw(st.booleans()):  # quantize_dynamic's bias: an Add of one value per channel, then an activation
+            if draw(st.integers(0, 3)) == 0:  # an exposure stops the fusion: rarely, so that it fires often enough
+                exposed(draw, b, y)
+            shift = rng.uniform(-1, 1, m).astype(np.float32).reshape(draw(st.sampled_from([(m, 1, 1), (1, m, 1, 1)])))
+            y = b.op("Add", *draw(st.permutations([y, b.const(shift)])))
+            act = draw(st.sampled_from(["", "Relu", "Clip"]))
+            if act:
+                if draw(st.integers(0, 3)) == 0:
+                    exposed(draw, b, y)
+                bounds = [b.const(np.float32(0.0)), b.const(np.float32(6.0))] if act == "Clip" else []
+                y = b.op(act, y, *bounds)
         z = affine(draw, b, y, m)
         if z != y:
             exposed(draw, b, y)
