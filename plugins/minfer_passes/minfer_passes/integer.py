@@ -27,6 +27,9 @@ Then each fused conv's epilogue takes more of what follows it, exactly (the same
 - its float output's sole reader, a ``ChannelAffine`` (a BatchNormalization the quantizer left between two convs,
   with its Relu or Clip; constant S and B): S and B become the node's inputs 9 and 10 (ScaledConvInteger: 5 and
   6), the activation its ``activation``/``activation_params``;
+- a ScaledConvInteger's float output read only by an Add of a constant per-channel bias (quantize_dynamic's form of
+  a conv's bias, every conv's once quant_pre_process folded the BatchNormalizations), and its Relu/Clip: B (input
+  6, S absent) and the activation;
 - a FloatQLinearConv's float output read only by another FloatQLinearConv's float input: the first quantizes it
   on the second's input grid (``output_quantization``) and the second reads those centered integers as they are
   (``float_input`` 2), one pass over the tensor fewer;
