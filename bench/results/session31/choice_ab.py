@@ -15,15 +15,16 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session28"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session30"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import steps as profiler  # noqa: E402  (session 28's per-step profiler)
 from choice_sweep import read_store  # noqa: E402
+from steps_pair import interleaved  # noqa: E402  (this folder's)
 
 from bench import models as bench_models  # noqa: E402
 from bench.quantized import quantize  # noqa: E402
@@ -56,19 +57,7 @@ def main() -> None:
     (folder / f"tuning-{tuning.fingerprint()}.jsonl").write_text("\n".join(json.dumps([a, b]) for a, b in variant.items()))
     os.environ["MINFER_CACHE"] = str(folder)
     engines = {"tuned": tuned, "flipped": Engine(model)}
-    for engine in engines.values():
-        for _ in range(5):
-            engine.run(None, feeds)
-    profiler.seq.execute, profiler.ex.execute_team = profiler._timed, profiler._team
-    records: dict[str, list[list[float]]] = {k: [] for k in engines}
-    walls: dict[str, list[float]] = {k: [] for k in engines}
-    for _ in range(runs):
-        for label, engine in engines.items():
-            profiler.RECORD.clear()
-            t0 = time.perf_counter()
-            engine.run(None, feeds)
-            walls[label].append(time.perf_counter() - t0)
-            records[label].append(profiler.RECORD[0])
+    records, walls = interleaved(engines, feeds, runs)
     steps = {}
     for label, engine in engines.items():
         medians = [statistics.median(ts) * 1e6 for ts in zip(*records[label])]

@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session28"))
@@ -32,16 +33,9 @@ def base(name: str) -> str:
     return found.group(1) if found else name
 
 
-def main() -> None:
-    from minfer_core import Engine
-
-    args = [a for a in sys.argv[1:] if a != "--preprocess"]
-    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 60
-    model = bench_models.build("mobilenet_v2", 1)
-    model.ir_version = bench_models.ORT_IR_VERSION
-    feeds = bench_models.random_feeds(model)
-    qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
-    engines = {"float": Engine(model), fmt: Engine(qmodel)}
+def interleaved(engines: dict[str, Any], feeds: dict[str, Any], runs: int) -> tuple[dict, dict]:
+    """(per engine its runs' step times, per engine its runs' wall times): five warm runs each, then ``runs`` rounds
+    of one run of each engine in turn, its steps timed by session 28's patched executors."""
     for engine in engines.values():
         for _ in range(5):
             engine.run(None, feeds)
@@ -55,6 +49,20 @@ def main() -> None:
             engine.run(None, feeds)
             walls[label].append(time.perf_counter() - t0)
             records[label].append(profiler.RECORD[0])
+    return records, walls
+
+
+def main() -> None:
+    from minfer_core import Engine
+
+    args = [a for a in sys.argv[1:] if a != "--preprocess"]
+    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 60
+    model = bench_models.build("mobilenet_v2", 1)
+    model.ir_version = bench_models.ORT_IR_VERSION
+    feeds = bench_models.random_feeds(model)
+    qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
+    engines = {"float": Engine(model), fmt: Engine(qmodel)}
+    records, walls = interleaved(engines, feeds, runs)
     rows: dict[str, list[tuple[float, str, str, str]]] = {}
     for label, engine in engines.items():
         medians = [statistics.median(ts) * 1e6 for ts in zip(*records[label])]
