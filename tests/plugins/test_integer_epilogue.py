@@ -212,9 +212,9 @@ def test_dynamic_input_quantized_in_the_conv_is_dynamic_quantize_linear(special)
         np.testing.assert_array_equal(engine.run(None, {"x": x})[0], want)
 
 
-def dynamic_bias_chain(depthwise: bool, act: str, bias_shape: tuple[int, ...]) -> onnx.ModelProto:
+def dynamic_bias_chain(depthwise: bool, act: str, bias_shape: tuple[int, ...], hw: int = 7) -> onnx.ModelProto:
     """quantize_dynamic's conv of a model whose BatchNormalizations were folded first (quant_pre_process): the
-    conv's bias as an Add of one value per channel after the Mul, then the activation."""
+    conv's bias as an Add of one value per channel after the Mul, then the activation (an hw x hw input)."""
     consts = dict(w=RNG.integers(-127, 128, (C, 1 if depthwise else C, 3, 3)).astype(np.int8), wz=np.int8(0),
                   ws=np.float32(0.013), bias=RNG.uniform(-1, 1, bias_shape).astype(np.float32))
     nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
@@ -226,7 +226,7 @@ def dynamic_bias_chain(depthwise: bool, act: str, bias_shape: tuple[int, ...]) -
              helper.make_node("Add", ["bias", "y"], ["n"])]
     if act:
         _act(nodes, consts, act, "n", "out")
-    return make_model(nodes, [tensor("x", [1, C, 7, 7])], [tensor("out" if act else "n", [1, C, 7, 7])],
+    return make_model(nodes, [tensor("x", [1, C, hw, hw])], [tensor("out" if act else "n", [1, C, hw, hw])],
                       _inits(**consts), opset=13)
 
 
@@ -249,9 +249,9 @@ def test_bias_add_after_scaled_conv_integer_joins_its_epilogue_exactly(depthwise
 
 
 def test_a_bias_along_another_axis_stays_an_add():
-    """A constant of C values along the last axis is no per-channel bias: the Add stays."""
-    model = dynamic_bias_chain(False, "", (1, 1, 1, 7))
-    x = (2 * RNG.standard_normal((1, C, 7, 7))).astype(np.float32)
+    """A constant of C values along the last axis (a map C wide) is no per-channel bias: the Add stays."""
+    model = dynamic_bias_chain(False, "", (1, 1, 1, C), hw=C)
+    x = (2 * RNG.standard_normal((1, C, C, C))).astype(np.float32)
     engine = Engine(model)
     assert [n.op_type for n in engine.graph.nodes][0] == "ScaledConvInteger"
     assert len(engine.graph.nodes) == 2

@@ -58,6 +58,7 @@ import numpy as np
 from minfer_core import Graph, Node
 
 from ._util import MINFER_DOMAIN, add_const, const, fixpoint, fresh, has_kernel, same_shape
+from .activation import _params as _params_of
 from .qdq_ops import QDQ
 
 FUSED = "FloatQLinearConv"
@@ -407,7 +408,7 @@ def _bias_epilogues(graph: Graph) -> bool:
         fused, attrs = [node, add], dict(node.attrs)
         act = graph.sole_consumer(add.outputs[0])
         if act is not None and not act.domain and act.op_type in ("Relu", "Clip") and act.inputs[0] == add.outputs[0]:
-            params = [] if act.op_type == "Relu" else _clip_bounds(graph, act)
+            params = _params_of(graph, act)  # Relu's none, Clip's constant bounds (else None)
             if params is not None:
                 fused.append(act)
                 attrs.update(activation=act.op_type, activation_params=params)
@@ -415,20 +416,6 @@ def _bias_epilogues(graph: Graph) -> bool:
         graph.replace(fused, Node(SCALED, inputs, list(fused[-1].outputs), attrs, node.name, node.domain))
         changed = True
     return changed
-
-
-def _clip_bounds(graph: Graph, clip: Node) -> list[float] | None:
-    """A Clip's [low, high] (float32 values, an absent bound infinite) when constant, else None."""
-    if "min" in clip.attrs or "max" in clip.attrs:
-        return [float(np.float32(clip.attrs.get("min", -np.inf))), float(np.float32(clip.attrs.get("max", np.inf)))]
-    bounds = []
-    for i, default in ((1, -np.inf), (2, np.inf)):
-        name = clip.inputs[i] if len(clip.inputs) > i else ""
-        value = const(graph, name) if name else np.asarray(default, np.float32)
-        if value is None or value.size != 1:
-            return None
-        bounds.append(float(np.asarray(value).reshape(-1)[0]))
-    return bounds
 
 
 def _scale_of(graph: Graph, mul: Node, cast_out: str, rank: int) -> str | None:
