@@ -102,3 +102,29 @@ def test_scale_and_zero_point_is_minfer_ops_basic_s():
         _, scale, zp = basic(x)
         got = scale_and_zero_point(x.min(), x.max())
         assert got[0].tobytes() == np.float32(scale).tobytes() and float(got[1]) == float(zp), (mn, mx)
+
+
+@pytest.mark.parametrize("special", [None, np.nan, -np.inf], ids=["finite", "nan", "minus-infinity"])
+def test_value_range_on_a_team_is_the_one_pass_range(monkeypatch, special):
+    """From TEAM_RANGE values, inside a run's two threads, the range is taken in two parts by a native team and
+    folded: np.min's and np.max's values, the extreme or a NaN found in the second part as in the first."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import team
+
+    if not team.available():
+        pytest.skip("no native team here (MINFER_NUMBA_TEAM=0, or numba's threading layer is not OpenMP/TBB)")
+    rng = np.random.default_rng(9)
+    x = (rng.standard_normal(dynamic_quant.TEAM_RANGE + 1001) * 4).astype(np.float32)
+    x[-7] = -50.0 if special is None else special  # in the second part
+    x[3] = 60.0
+    dynamic_quant.warm_range()
+    calls = []
+    real = dynamic_quant._range_team
+    monkeypatch.setattr(dynamic_quant, "_range_team", lambda *a: calls.append(1) or real(*a))
+    with using_threads(2):
+        mn, mx = dynamic_quant.value_range(x)
+    assert calls == [1]
+    if special is np.nan:
+        assert np.isnan(mn) and np.isnan(mx)
+    else:
+        assert (mn, mx) == (x.min(), x.max()) == (np.float32(-50.0 if special is None else special), 60.0)

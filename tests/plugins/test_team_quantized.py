@@ -362,3 +362,39 @@ def test_quantizing_a_large_input_on_a_team_is_one_threads_result(monkeypatch):
         got, bad_team = qconv_gemm.quantized(x, steps, np.dtype(np.int8), 3)
     assert calls == [1] and bad == bad_team == 3 and np.unique(alone).size > 20
     assert got.tobytes() == alone.tobytes()
+
+
+def test_a_dynamic_input_is_ranged_and_centered_on_the_team(monkeypatch):
+    """A dynamic ScaledConvInteger's input of TEAM_RANGE values or more: its range (dynamic_quant.py) and its
+    centering into the product's operand (qconv_blas.py) each shared by the team, one call a run; the output the
+    bytes of the same kernel on one thread and with no team."""
+    from minfer_core import KernelContext, TensorType
+    from minfer_ops_numba import dynamic_quant, qconv_blas
+
+    if not team.available() or not team.gemm_address():
+        pytest.skip("no native team here, or numpy's BLAS is not callable from compiled code (the kernel declines)")
+    rng = np.random.default_rng(16)
+    m, c, hw = 48, 16, (64, 70)
+    x = (rng.standard_normal((1, c) + hw) * 3).astype(np.float32)
+    x[0, 11, 40:] -= 9  # the minimum in the second half: the fold of the parts must find it
+    assert x.size >= max(dynamic_quant.TEAM_RANGE, qconv_blas.TEAM_CENTER)
+    inputs = [x, _random(rng, np.int8, (m, c, 1, 1)), None, np.array(2, np.int8), np.array([0.0007], np.float32)]
+    attrs = dict(dynamic_input=1, activation="Relu")
+    types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
+    consts = tuple(v if i in (1, 3, 4) else None for i, v in enumerate(inputs))  # as a model's
+    ctx = KernelContext("n", "ScaledConvInteger", 1, types, (TensorType(np.float32, (1, m) + hw),), consts, 1)
+    assert qconv_blas.scaled_conv_integer_blas.applies(ctx, attrs)
+    kernel_run = qconv_blas.scaled_conv_integer_blas.fn(ctx, **attrs)
+    args = [None if i in (1, 3, 4) else v for i, v in enumerate(inputs)]
+    alone = kernel_run(*args)
+    kernel_run(x[:, ::-1].copy(), *args[1:])  # other values in the thread's centering scratch now
+    ranges = _counted(monkeypatch, dynamic_quant, "_range_team")
+    centers = _counted(monkeypatch, qconv_blas, "_center_team")
+    with using_threads(2):
+        got = kernel_run(*args)
+    assert ranges == [1] and centers == [1]
+    _team_off(monkeypatch)
+    with using_threads(2):
+        pooled = kernel_run(*args)
+    assert ranges == [1] and centers == [1]  # no team: one thread's passes
+    assert np.unique(got).size > 20 and got.tobytes() == pooled.tobytes() == alone.tobytes()

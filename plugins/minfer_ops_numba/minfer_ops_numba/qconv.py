@@ -34,7 +34,7 @@ from . import igemm
 from . import qconv_gemm as qg
 from . import qstem
 from ._jit import PRIORITY, input_type, readonly
-from .dynamic_quant import value_range
+from .dynamic_quant import value_range, warm_range
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -387,7 +387,7 @@ class ScaledConv:
             self.stem = qstem.QStem(w, wz, attrs)
             self.stem.warm(chain.operands)
         if self.dynamic:
-            value_range(np.zeros(1, np.float32))  # compiled at build, not in the first run
+            warm_range()  # compiled at build, not in the first run
 
     def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any) -> tuple[np.ndarray, int, np.ndarray]:
         """(8-bit x, its zero point, the float32 scale of the sums): DynamicQuantizeLinear's of a float32 x, made

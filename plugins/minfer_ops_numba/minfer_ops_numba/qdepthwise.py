@@ -39,7 +39,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uint
 from .channels import LANES
 from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
-from .dynamic_quant import value_range
+from .dynamic_quant import value_range, warm_range
 from .igemm import FITTED, fitted, requantize_channels  # noqa: F401 (FITTED: qconv_blas, tests; compiled code)
 from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
@@ -430,7 +430,7 @@ def scaled_run(ctx: Any, conv: Any, dynamic_input: int) -> Any:
         conv.warm(EIGHT, input_type(ctx, 0).dtype, fixed, (one, EMPTY, *affine))
     else:
         conv.warm(QUANTIZE, np.float32, fixed, (one, EMPTY, *affine))
-        value_range(np.zeros(1, np.float32))  # compiled at build, not in the first run
+        warm_range()  # compiled at build, not in the first run
 
     def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
         if dynamic is None:
