@@ -173,6 +173,7 @@ def test_scaled_conv_integer_on_a_team_is_its_parallel_for_result_bit_for_bit(mo
     from minfer_ops_numba import qconv
 
     _needs_team_and_vnni()
+    monkeypatch.setattr(qconv, "MICRO_CHANNELS", 0)  # igemm's on this 1x1 conv (else qconv_blas.py's alone)
     rng = np.random.default_rng(4)
     m, c, hw = 40, 32, (30, 30)  # 1.15M multiply-adds: igemm splits from TEAM_SPLIT_MACS
     inputs = [rng.standard_normal((1, c) + hw).astype(np.float32) * 3, _random(rng, np.int8, (m, c, 1, 1)), None,

@@ -19,7 +19,7 @@ quantized and centered by the stem: MobileNetV2's dynamic model 11.03 -> 10.77 m
 bench/results/session28/dynamic-stem-ab.txt). ``applies``: group 1 (depthwise convs are not GEMMs), a 4-D input
 of known channels, a constant 8-bit 4-D weight and zero point whose sums int32 holds, FloatQLinearConv's constant
 quantization parameters and float32 output, ScaledConvInteger's compiled epilogue, and VNNI (igemm's portable
-kernel is slower than sgemm).
+kernel is slower than sgemm); not a small 1x1 conv that qconv_blas.py's micro-kernel product takes (MICRO_CHANNELS).
 """
 
 from __future__ import annotations
@@ -83,7 +83,32 @@ def _fits(ctx: Any, attrs: dict) -> bool:
     out = ctx.output_types[0] if ctx.output_types else None
     if out is None or out.dtype != np.float32 or not igemm.vnni():
         return False
-    return _bound(w, wz, _constant(ctx, 8)) < INT32  # the product's exact integers fit igemm's int32
+    # the product's exact integers fit igemm's int32; a small 1x1 conv is the micro-kernel's (`_left_to_micro`)
+    return _bound(w, wz, _constant(ctx, 8)) < INT32 and not _left_to_micro(ctx, attrs, w, scaled=False)
+
+
+# 1x1 stride-1 convs of at most this many input channels are left to qconv_blas.py's product on pointwise.py's
+# micro-kernel where it applies. In a run it was 30-55% faster than igemm there (MobileNetV2 QDQ, per node, the
+# two engines' runs interleaved: 24->144 at 56x56 200 against 316 us, 32->192 at 28x28 110/185, 64->384 at 14x14
+# 106/148, bench/results/session31/choice-ab-qdq-pre.txt; 16->96 at 112x112 410/953), but the first run's timing
+# (three calls back to back, all in cache) often kept igemm: its call after other kernels took ~30% over its call
+# repeated. MobileNetV2, each engine tuned in its own fresh choice store, runs interleaved, without the rule and with
+# it, of the float model's time (bench/results/session32/micro-rule-ab.txt): QDQ 0.99 -> 0.97, per channel 1.10 ->
+# 1.04, QOperator 0.98 -> 0.95, dynamic 1.33 -> 1.31; pre-processed 1.04 -> 1.03, 0.97 -> 0.92, 1.25 -> 1.23.
+MICRO_CHANNELS = 64
+
+
+def _left_to_micro(ctx: Any, attrs: dict, w: np.ndarray, scaled: bool) -> bool:
+    """Whether qconv_blas.py's kernel takes this node on pointwise.py's micro-kernel: a 1x1 conv at stride 1, no
+    pads, of at most MICRO_CHANNELS input channels, that kernel applying and the micro-kernel built here."""
+    from . import pointwise, qconv_blas  # (qconv_blas imports this module)
+
+    if w.shape[1] > MICRO_CHANNELS or w.shape[2:] != (1, 1) or any(v != 1 for v in attrs.get("strides") or [1]):
+        return False
+    if any(attrs.get("pads") or [0]):
+        return False
+    fits = qconv_blas._scaled_fits if scaled else qconv_blas._fits
+    return pointwise.available() and fits(ctx, attrs)
 
 
 def _requantize_attrs(ctx: Any, attrs: dict) -> dict:
@@ -360,7 +385,8 @@ def _scaled_fits(ctx: Any, attrs: dict) -> bool:
         return False
     if attrs.get("dynamic_input") and _dynamic_quantizer(ctx) is None:
         return False
-    return _bound(w, wz, None) < INT32 and _scaled_epilogue(ctx, attrs) is not None
+    return _bound(w, wz, None) < INT32 and _scaled_epilogue(ctx, attrs) is not None and \
+        not _left_to_micro(ctx, attrs, w, scaled=True)
 
 
 def _factor(x_scale: Any, scale: Any) -> np.ndarray:

@@ -1,0 +1,75 @@
+"""A quantized MobileNetV2 with qconv.py's MICRO_CHANNELS rule (igemm leaves small 1x1 convs to qconv_blas.py's
+micro-kernel product) and without it, each engine tuned in its own fresh choice store, runs interleaved.
+
+``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/results/session32/micro_rule_ab.py FORMAT
+[RUNS] [--preprocess]`` from the checkout (FORMAT qdq|qdq_pc|qoperator|dynamic): the float model, the quantized one
+built with MICRO_CHANNELS 0 (igemm a candidate everywhere, as before session 32: "tuned") and with its value
+("rule"); how many steps run a callable made in qconv_blas.py and in qconv.py (a ScaledConvInteger's on
+qconv_blas.py runs through qdepthwise.py's `scaled_run`, counted in neither), whether both engines give the same
+bits, and each median against the float model's. A fresh choice store for each engine: the first run's timing
+decides for both.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from bench import models as bench_models  # noqa: E402
+from bench.quantized import quantize  # noqa: E402
+
+
+def _kernels(engine) -> list[str]:
+    plans = engine.executor.plans
+    return [getattr(step[0], "__module__", "") for step in plans.bound[plans.last]]
+
+
+def main() -> None:
+    from minfer_core import Engine
+    from minfer_ops_numba import qconv
+
+    args = [a for a in sys.argv[1:] if a != "--preprocess"]
+    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 40
+    model = bench_models.build("mobilenet_v2", 1)
+    model.ir_version = bench_models.ORT_IR_VERSION
+    feeds = bench_models.random_feeds(model)
+    qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
+    os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
+    engines = {"float": Engine(model)}
+    rule = qconv.MICRO_CHANNELS
+    for label, channels in (("tuned", 0), ("rule", rule)):
+        qconv.MICRO_CHANNELS = channels
+        os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
+        engines[label] = Engine(qmodel)
+        engines[label].run(None, feeds)  # the first run times the candidates under this setting
+    qconv.MICRO_CHANNELS = rule
+    same = engines["tuned"].run(None, feeds)[0].tobytes() == engines["rule"].run(None, feeds)[0].tobytes()
+    print(f"same output bits: {same}")
+    for label in ("tuned", "rule"):
+        steps = _kernels(engines[label])
+        print(f"{label}: {sum(m.endswith('.qconv_blas') for m in steps)} steps on qconv_blas.py, "
+              f"{sum(m.endswith('.qconv') for m in steps)} on qconv.py (igemm)")
+    for _ in range(5):
+        for engine in engines.values():
+            engine.run(None, feeds)
+    times: dict[str, list[float]] = {k: [] for k in engines}
+    for _ in range(runs):
+        for label, engine in engines.items():
+            start = time.perf_counter()
+            engine.run(None, feeds)
+            times[label].append(time.perf_counter() - start)
+    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    print(f"{fmt}{' pre-processed' if '--preprocess' in sys.argv else ''}, {runs} rounds: " +
+          ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) +
+          f"; tuned / float {medians['tuned'] / medians['float']:.3f}, rule / float "
+          f"{medians['rule'] / medians['float']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
