@@ -52,15 +52,22 @@ def interleaved(engines: dict[str, Any], feeds: dict[str, Any], runs: int) -> tu
     return records, walls
 
 
-def main() -> None:
-    from minfer_core import Engine
-
+def mobilenet_forms(runs: int) -> tuple[str, int, Any, Any, dict]:
+    """(FORMAT, RUNS, the float MobileNetV2, its quantized form, feeds) from the command line ``FORMAT [RUNS]
+    [--preprocess]`` (RUNS defaulting to ``runs``; --preprocess: onnxruntime's quant_pre_process first)."""
     args = [a for a in sys.argv[1:] if a != "--preprocess"]
-    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 60
+    fmt, runs = args[0], int(args[1]) if len(args) > 1 else runs
     model = bench_models.build("mobilenet_v2", 1)
     model.ir_version = bench_models.ORT_IR_VERSION
     feeds = bench_models.random_feeds(model)
     qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
+    return fmt, runs, model, qmodel, feeds
+
+
+def main() -> None:
+    from minfer_core import Engine
+
+    fmt, runs, model, qmodel, feeds = mobilenet_forms(60)
     engines = {"float": Engine(model), fmt: Engine(qmodel)}
     records, walls = interleaved(engines, feeds, runs)
     rows: dict[str, list[tuple[float, str, str, str]]] = {}

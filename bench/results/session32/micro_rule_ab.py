@@ -13,16 +13,18 @@ decides for both.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session31"))
 
-from bench import models as bench_models  # noqa: E402
-from bench.quantized import quantize  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from steps_pair import mobilenet_forms  # noqa: E402  (session 31's: the command line, the two models)
+from team_ab import summary  # noqa: E402  (this folder's)
 
 
 def _kernels(engine) -> list[str]:
@@ -34,12 +36,7 @@ def main() -> None:
     from minfer_core import Engine
     from minfer_ops_numba import qconv
 
-    args = [a for a in sys.argv[1:] if a != "--preprocess"]
-    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 40
-    model = bench_models.build("mobilenet_v2", 1)
-    model.ir_version = bench_models.ORT_IR_VERSION
-    feeds = bench_models.random_feeds(model)
-    qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
+    fmt, runs, model, qmodel, feeds = mobilenet_forms(40)
     os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
     engines = {"float": Engine(model)}
     rule = qconv.MICRO_CHANNELS
@@ -64,11 +61,7 @@ def main() -> None:
             start = time.perf_counter()
             engine.run(None, feeds)
             times[label].append(time.perf_counter() - start)
-    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"{fmt}{' pre-processed' if '--preprocess' in sys.argv else ''}, {runs} rounds: " +
-          ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) +
-          f"; tuned / float {medians['tuned'] / medians['float']:.3f}, rule / float "
-          f"{medians['rule'] / medians['float']:.3f}")
+    print(summary(fmt, runs, times, "tuned", "rule"))
 
 
 if __name__ == "__main__":

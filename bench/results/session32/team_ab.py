@@ -12,28 +12,32 @@ from __future__ import annotations
 
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "session31"))
 
-from bench import models as bench_models  # noqa: E402
-from bench.quantized import quantize  # noqa: E402
+from steps_pair import mobilenet_forms  # noqa: E402  (session 31's: the command line, the two models)
+
+
+def summary(fmt: str, runs: int, times: dict[str, list[float]], first: str, second: str) -> str:
+    """A line of each engine's median (``times``: seconds a run, a "float" engine's among them) and the ``first`` and
+    ``second`` engines' against the float model's."""
+    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
+    return (f"{fmt}{' pre-processed' if '--preprocess' in sys.argv else ''}, {runs} rounds: " +
+            ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) +
+            "".join(f"{'; ' if k == first else ', '}{k} / float {medians[k] / medians['float']:.3f}"
+                    for k in (first, second)))
 
 
 def main() -> None:
     from minfer_core import Engine
     from minfer_ops_numba import dynamic_quant, qconv_blas
 
-    args = [a for a in sys.argv[1:] if a != "--preprocess"]
-    fmt, runs = args[0], int(args[1]) if len(args) > 1 else 60
-    model = bench_models.build("mobilenet_v2", 1)
-    model.ir_version = bench_models.ORT_IR_VERSION
-    feeds = bench_models.random_feeds(model)
-    qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)
+    fmt, runs, model, qmodel, feeds = mobilenet_forms(60)
     float_engine, engine = Engine(model), Engine(qmodel)
     on = (dynamic_quant.TEAM_RANGE, qconv_blas.TEAM_CENTER)
 
@@ -58,10 +62,7 @@ def main() -> None:
             start = time.perf_counter()
             engine.run(None, feeds)
             times[label].append(time.perf_counter() - start)
-    medians = {k: statistics.median(v) * 1e3 for k, v in times.items()}
-    print(f"{fmt}{' pre-processed' if '--preprocess' in sys.argv else ''}, {runs} rounds: " +
-          ", ".join(f"{k} {v:.2f} ms" for k, v in medians.items()) +
-          f"; off / float {medians['off'] / medians['float']:.2f}, on / float {medians['on'] / medians['float']:.2f}")
+    print(summary(fmt, runs, times, "off", "on"))
     np.testing.assert_array_equal(outputs["on"], outputs["off"])
 
 
