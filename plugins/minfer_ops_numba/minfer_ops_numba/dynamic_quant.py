@@ -5,15 +5,16 @@ converting to uint8, each a numpy pass. Here the min and max come from one pass 
 intrinsic folding 16-lane compare-and-select minima and maxima, with a mask of the lanes that saw a NaN; a
 compiled scalar loop was 10x slower than numpy's reductions, not being allowed to reorder them; numpy's two
 passes took 50 us on a 144x56x56 tensor in cache, 93 from memory, one pass 30 and 71), the scale and zero point
-are computed by the same Python float32 arithmetic as that kernel's, and one pass quantizes each element with its operations in its order (float32
-division, round half to even, clip to [-zp, 255 - zp], + zp), so the results are the same. A tensor holding
-NaN or an infinity (whose uint8 conversion numpy leaves to the C cast) or no element goes to the numpy formula
-instead. The quantized convs' dynamic inputs (qconv.py, qdepthwise.py) take their range from `value_range` too.
+are computed by the same Python float32 arithmetic as that kernel's, and one pass quantizes each element with its
+operations in its order (float32 division, round half to even, clip to [-zp, 255 - zp], + zp), so the results
+are the same. A tensor holding NaN or an infinity (whose uint8 conversion numpy leaves to the C cast) or no
+element goes to the numpy formula instead. The quantized convs' dynamic inputs (qconv.py, qdepthwise.py) take
+their range from `value_range` too.
 
 Inside a run with a native team (team.py), a range of at least TEAM_RANGE values is taken in as many even parts,
 one a team thread's, then folded (`_range_team`): the minimum and maximum of the parts' are the whole's, NaN where
-any part saw one. Dynamic MobileNetV2 takes the range of 52 conv inputs a run, 0.6 ms of one thread's time
-(96x112x112: 55 us) while the other core waited.
+any part saw one. Dynamic MobileNetV2's conv inputs took 0.6 ms of one thread's time a run so (96x112x112: 55
+us) while the other core waited.
 """
 
 from __future__ import annotations

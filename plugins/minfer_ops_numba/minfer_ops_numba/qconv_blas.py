@@ -162,8 +162,8 @@ def _weight_fits(ctx: Any, x: Any, w: Any, zp_index: int) -> bool:
     return not (wz is None and _given(ctx, zp_index) or wz is not None and wz.size not in (1, w.shape[0]))
 
 
-# input values from which a native team shares their centering: ~20 us of one thread's work (dynamic MobileNetV2
-# centers 17 conv inputs a run this way, 1 ms of one thread's time while the other core waited)
+# input values from which a native team shares their centering: ~20 us of one thread's work (dynamic MobileNetV2's
+# conv inputs took ~1 ms of one thread's time a run so, while the other core waited)
 TEAM_CENTER = 1 << 16
 NO_GRID = readonly(np.zeros(3, np.float32))
 # `_units`' ``direct`` for a 1x1 stride-1 conv whose GEMM pointwise.py's micro-kernel takes (else 1: BLAS on x as
