@@ -52,12 +52,13 @@ def interleaved(engines: dict[str, Any], feeds: dict[str, Any], runs: int) -> tu
     return records, walls
 
 
-def mobilenet_forms(runs: int) -> tuple[str, int, Any, Any, dict]:
-    """(FORMAT, RUNS, the float MobileNetV2, its quantized form, feeds) from the command line ``FORMAT [RUNS]
-    [--preprocess]`` (RUNS defaulting to ``runs``; --preprocess: onnxruntime's quant_pre_process first)."""
-    args = [a for a in sys.argv[1:] if a != "--preprocess"]
+def mobilenet_forms(runs: int, name: str = "mobilenet_v2") -> tuple[str, int, Any, Any, dict]:
+    """(FORMAT, RUNS, the float model (MobileNetV2, or bench.models' ``name``), its quantized form, feeds) from the
+    command line ``FORMAT [RUNS] [--preprocess]`` (RUNS defaulting to ``runs``; --preprocess: onnxruntime's
+    quant_pre_process first; other ``--`` options are the caller's)."""
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
     fmt, runs = args[0], int(args[1]) if len(args) > 1 else runs
-    model = bench_models.build("mobilenet_v2", 1)
+    model = bench_models.build(name, 1)
     model.ir_version = bench_models.ORT_IR_VERSION
     feeds = bench_models.random_feeds(model)
     qmodel = quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt, "--preprocess" in sys.argv)

@@ -2,7 +2,8 @@
 micro-kernel product) and without it, each engine tuned in its own fresh choice store, runs interleaved.
 
 ``env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE .venv/bin/python bench/results/session32/micro_rule_ab.py FORMAT
-[RUNS] [--preprocess]`` from the checkout (FORMAT qdq|qdq_pc|qoperator|dynamic): the float model, the quantized one
+[RUNS] [--preprocess] [--model=NAME]`` from the checkout (FORMAT qdq|qdq_pc|qoperator|dynamic; NAME a bench.models
+name, default mobilenet_v2): the float model, the quantized one
 built with MICRO_CHANNELS 0 (igemm a candidate everywhere, as before session 32: "tuned") and with its value
 ("rule"); how many steps run a callable made in qconv_blas.py and in qconv.py (a ScaledConvInteger's on
 qconv_blas.py runs through qdepthwise.py's `scaled_run`, counted in neither), whether both engines give the same
@@ -36,7 +37,8 @@ def main() -> None:
     from minfer_core import Engine
     from minfer_ops_numba import qconv
 
-    fmt, runs, model, qmodel, feeds = mobilenet_forms(40)
+    name = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--model=")), "mobilenet_v2")
+    fmt, runs, model, qmodel, feeds = mobilenet_forms(40, name)
     os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
     engines = {"float": Engine(model)}
     rule = qconv.MICRO_CHANNELS
@@ -61,7 +63,7 @@ def main() -> None:
             start = time.perf_counter()
             engine.run(None, feeds)
             times[label].append(time.perf_counter() - start)
-    print(summary(fmt, runs, times, "tuned", "rule"))
+    print(name, summary(fmt, runs, times, "tuned", "rule"))
 
 
 if __name__ == "__main__":

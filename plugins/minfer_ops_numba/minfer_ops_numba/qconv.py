@@ -94,7 +94,10 @@ def _fits(ctx: Any, attrs: dict) -> bool:
 # (three calls back to back, all in cache) often kept igemm: its call after other kernels took ~30% over its call
 # repeated. MobileNetV2, each engine tuned in its own fresh choice store, runs interleaved, without the rule and with
 # it, of the float model's time (bench/results/session32/micro-rule-ab.txt): QDQ 0.99 -> 0.97, per channel 1.10 ->
-# 1.04, QOperator 0.98 -> 0.95, dynamic 1.33 -> 1.31; pre-processed 1.04 -> 1.03, 0.97 -> 0.92, 1.25 -> 1.23.
+# 1.04, QOperator 0.98 -> 0.95, dynamic 1.33 -> 1.31; pre-processed 1.04 -> 1.03, 0.97 -> 0.92, 1.25 -> 1.23. It
+# costs resnet50 its 64-channel 1x1 convs at 56x56, where igemm was faster: QDQ 0.72 -> 0.73-0.75, QOperator 0.57
+# -> 0.58, dynamic 0.83 -> 0.80 (bench/results/session32/micro-rule-ab-resnet50.txt; a rule by map size or K < 64
+# would keep them, unmeasured).
 MICRO_CHANNELS = 64
 
 
