@@ -17,8 +17,7 @@ OP = "FloatQLinearConv"
 @pytest.fixture
 def every_shape(monkeypatch):
     """igemm's kernels on every shape they compute, small 1x1 convs too: the rule leaving those to qconv_blas.py's
-    micro-kernel (qconv.MICRO_CHANNELS) is not what these tests check (test_igemm_leaves_small_1x1_convs_to_the_micro_
-    kernel does)."""
+    micro-kernel (qconv.MICRO_CHANNELS) is not what these tests check: the last test of this file checks it."""
     from minfer_ops_numba import qconv
 
     monkeypatch.setattr(qconv, "MICRO_CHANNELS", 0)
