@@ -268,7 +268,7 @@ def _scaled_node(rng, *, dynamic=True, n=1, c=9, m=20, hw=(8, 9), k=(3, 3), xt=n
     return inputs, dict(dynamic_input=int(dynamic), **attrs)
 
 
-def _scaled_both(inputs, attrs):
+def _scaled_both(inputs, attrs, constant=(1, 3)):
     from minfer_core import KernelContext, TensorType
     from minfer_ops_conv import quant
     from minfer_ops_numba import qconv
@@ -277,7 +277,7 @@ def _scaled_both(inputs, attrs):
         pytest.skip("the kernel applies only on AVX-512 VNNI")
     shape = _out_shape([inputs[0], None, None, inputs[1]], attrs)
     types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
-    consts = tuple(v if i in (1, 3) else None for i, v in enumerate(inputs))
+    consts = tuple(v if i in constant else None for i, v in enumerate(inputs))
 
     def ctx():
         return KernelContext("n", SCALED, 1, types, (TensorType(np.float32, shape),), consts, 1)
@@ -312,6 +312,27 @@ def test_scaled_conv_integer_bit_for_bit(case):
     assert got.dtype == want.dtype == np.float32 and got.shape == want.shape
     assert np.unique(want).size > 20  # the outputs are not all saturated or zero
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("case", ["3x3-clip-affine-pc", "1x1-relu", "stem-affine"])
+def test_scaled_conv_integer_with_constant_scales_bit_for_bit(case):
+    """With the weight's scale and ChannelAffine's S and A constant (as the quantizer writes them), the chain's arrays
+    are made at build and each run puts only its dynamic factor in: the numpy kernel's bits, run after run on inputs
+    of other ranges (a factor kept from an earlier run, or the template changed by a run, would show)."""
+    rng = np.random.default_rng(sum(map(ord, case)))
+    kw = {"3x3-clip-affine-pc": dict(activation="Clip", activation_params=[0.0, 6.0], affine=True, per_channel=True,
+                                     pads=[1, 1, 1, 1]),
+          "1x1-relu": dict(k=(1, 1), c=70, activation="Relu", activation_params=[], affine=True),
+          "stem-affine": dict(c=3, m=16, strides=[2, 2], pads=[1, 1, 1, 1], hw=(17, 18), affine=True)}[case]
+    inputs, attrs = _scaled_node(rng, **kw)
+    mine, numpy_run = _scaled_both(inputs, attrs, constant=(1, 3, 4, 5, 6))
+    assert mine.fixed is not None  # the constant chain, made at build
+    for spread in (3.0, 0.05, 40.0):
+        x = rng.standard_normal(inputs[0].shape).astype(np.float32) * np.float32(spread)
+        args = [x] + [None if i in (1, 3) else v for i, v in enumerate(inputs)][1:]
+        got, want = mine(*args), numpy_run(*args)
+        assert np.unique(want).size > 20  # the outputs are not all saturated or zero
+        np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -267,6 +267,12 @@ class Chain:
                              params[8], 1 if rounding else 0], np.float32)
         self.operands = tuple(readonly(np.ascontiguousarray(v, np.float32).reshape(-1)) for v in (m, c, s, b, values))
 
+    def times(self, m: np.ndarray) -> "Chain":
+        """This chain with m in place of its m (one float32 value, C-contiguous and read-only as the others)."""
+        part = Chain.__new__(Chain)
+        part.operands = (m, *self.operands[1:])
+        return part
+
     def rows(self, lo: int, hi: int) -> "Chain":
         """The chain for rows lo..hi of A (its per-row operands sliced)."""
         part = Chain.__new__(Chain)
