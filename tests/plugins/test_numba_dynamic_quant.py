@@ -104,6 +104,24 @@ def test_scale_and_zero_point_is_minfer_ops_basic_s():
         assert got[0].tobytes() == np.float32(scale).tobytes() and float(got[1]) == float(zp), (mn, mx)
 
 
+def test_grid_operands_compiled_are_the_formulas():
+    """The compiled scale, zero point and factor the dynamic quantized convs take (`grid_operands`, qdepthwise.py's
+    `dynamic_operands`) are `scale_and_zero_point`'s and the float32 product's, bit for bit, on the same ranges."""
+    from minfer_ops_numba.dynamic_quant import grid_operands, scale_and_zero_point
+
+    rng = np.random.default_rng(10)
+    pairs = [(-3.0, -1.0), (-1e-3, -1e-7), (-7.77, 0.0), (0.0, 0.0), (2.0, 5.0), (0.0, 1e-30), (-1e30, 1e30)]
+    pairs += [tuple(sorted(rng.standard_normal(2) * 10 ** rng.uniform(-6, 6, 2))) for _ in range(500)]
+    for mn, mx in pairs:
+        lo, hi = np.float32(mn), np.float32(mx)
+        weight = np.float32(rng.uniform(1e-5, 1.0))
+        quant, m = np.full(4, np.nan, np.float32), np.full(1, np.nan, np.float32)
+        grid_operands(lo, hi, weight, quant, m)
+        scale, zp = scale_and_zero_point(lo, hi)
+        want = np.array([scale, -zp, np.float32(255) - zp, 0], np.float32)
+        assert quant.tobytes() == want.tobytes() and m.tobytes() == np.float32(scale * weight).tobytes(), (mn, mx)
+
+
 @pytest.mark.parametrize("special", [None, np.nan, -np.inf], ids=["finite", "nan", "minus-infinity"])
 def test_value_range_on_a_team_is_the_one_pass_range(monkeypatch, special):
     """From TEAM_RANGE values, inside a run's two threads, the range is taken in two parts by a native team and

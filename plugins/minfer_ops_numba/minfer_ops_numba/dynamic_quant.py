@@ -78,8 +78,10 @@ def value_range(x: np.ndarray) -> tuple[np.float32, np.float32]:
 
 
 def warm_range() -> None:
-    """Compile `value_range`'s passes (or load them from numba's cache) now, at a kernel's build, not in a run."""
-    value_range(np.zeros(1, np.float32))
+    """Compile `value_range`'s passes and `grid_operands` (or load them from numba's cache) now, at a kernel's
+    build, not in a run."""
+    mn, mx = value_range(np.zeros(1, np.float32))
+    grid_operands(mn, mx, np.float32(1), np.empty(4, np.float32), np.empty(1, np.float32))
     if team.available():
         _range_team(readonly(np.zeros(2, np.float32)), np.empty((2, 2), np.float32), np.empty(2, np.float32))
 
@@ -174,6 +176,20 @@ def scale_and_zero_point(mn: float, mx: float) -> tuple[np.float32, np.float32]:
     scale = np.float32(1.0 if hi == lo else hi - lo) / np.float32(255)
     zp = np.float32(0) - lo / scale  # >= 0: lo <= 0 < scale
     return scale, np.rint(zp if zp <= np.float32(255) else np.float32(255))
+
+
+@jit
+def grid_operands(mn, mx, weight_scale, quant, m):  # pragma: no cover - compiled
+    """`scale_and_zero_point` of a finite [mn, max] in compiled code, its float32 operations in its order, written as
+    the quantized convs take it (qdepthwise.py's `dynamic_operands`): quant = (scale, -zp, 255 - zp, 0), m = scale *
+    weight_scale (the numpy kernel's Mul of two float32 scalars). ~5 us less a node than in Python."""
+    hi = mx if mx > np.float32(0) else np.float32(0)
+    lo = mn if mn < np.float32(0) else np.float32(0)
+    scale = (np.float32(1) if hi == lo else hi - lo) / np.float32(255)
+    zp = np.float32(0) - lo / scale
+    zero = np.rint(zp if zp <= np.float32(255) else np.float32(255))
+    quant[0], quant[1], quant[2], quant[3] = scale, -zero, np.float32(255) - zero, np.float32(0)
+    m[0] = scale * weight_scale
 
 
 def _numpy_scale_and_zero_point(mn: float, mx: float) -> tuple[np.float32, np.float32]:
