@@ -17,10 +17,12 @@ OP = "FloatQLinearConv"
 @pytest.fixture
 def every_shape(monkeypatch):
     """igemm's kernels on every shape they compute, small 1x1 convs too: the rule leaving those to qconv_blas.py's
-    micro-kernel (qconv.MICRO_CHANNELS) is not what these tests check: the last test of this file checks it."""
+    micro-kernel (qconv.MICRO_CHANNELS, MICRO_OUTPUTS) is not what these tests check: the last test of this file
+    checks it."""
     from minfer_ops_numba import qconv
 
     monkeypatch.setattr(qconv, "MICRO_CHANNELS", 0)
+    monkeypatch.setattr(qconv, "MICRO_OUTPUTS", 0)
 
 
 def _random(rng, dtype, shape):
@@ -427,33 +429,37 @@ def test_stem_by_the_direct_loop_bit_for_bit(stem, threads):
 
 @pytest.mark.parametrize("scaled", [False, True], ids=["FloatQLinearConv", "ScaledConvInteger"])
 def test_igemm_leaves_small_1x1_convs_to_the_micro_kernel(monkeypatch, scaled):
-    """A 1x1 stride-1 conv of at most MICRO_CHANNELS input channels, which qconv_blas.py's product takes on
-    pointwise.py's micro-kernel, is not igemm's (in a run the micro-kernel was faster there, which the first run's
-    timing did not see); one more input channel, a stride, a pad or a 3x3 window, and igemm is a candidate again."""
+    """A 1x1 stride-1 conv of at most MICRO_CHANNELS input channels or MICRO_OUTPUTS output channels, which
+    qconv_blas.py's product takes on pointwise.py's micro-kernel, is not igemm's (in a run the micro-kernel was
+    faster there, which the first run's timing did not always see); one more channel of each, a stride, a pad or a
+    3x3 window, and igemm is a candidate again."""
     from minfer_core import KernelContext, TensorType
     from minfer_ops_numba import pointwise, qconv, qconv_blas, team
 
     if not igemm.vnni() or not pointwise.available() or not team.gemm_address():
         pytest.skip("igemm needs VNNI, the micro-kernel AVX-512F, qconv_blas.py numpy's BLAS from compiled code")
-    monkeypatch.setattr(qconv, "MICRO_CHANNELS", 64)  # this module's fixture sets it to 0
+    monkeypatch.setattr(qconv, "MICRO_CHANNELS", 64)  # this module's fixture sets both to 0
+    monkeypatch.setattr(qconv, "MICRO_OUTPUTS", 32)
     rng = np.random.default_rng(31)
 
-    def applies(c, k=(1, 1), **attrs):
+    def applies(c, m=96, k=(1, 1), **attrs):
         if scaled:
-            inputs, attrs = _scaled_node(rng, c=c, k=k, hw=(10, 12), **attrs)
+            inputs, attrs = _scaled_node(rng, c=c, m=m, k=k, hw=(10, 12), **attrs)
             types = tuple(None if v is None else TensorType(v.dtype, v.shape) for v in inputs)
             consts = tuple(v if i in (1, 3, 4) else None for i, v in enumerate(inputs))
             shape = _out_shape([inputs[0], None, None, inputs[1]], attrs)
             ctx = KernelContext("n", SCALED, 1, types, (TensorType(np.float32, shape),), consts, 1)
             blas = qconv_blas.scaled_conv_integer_blas
             return qconv.scaled_conv_integer.applies(ctx, attrs), blas.applies(ctx, attrs)
-        inputs, attrs = _node(rng, c=c, m=24, k=k, hw=(10, 12), **attrs)
+        inputs, attrs = _node(rng, c=c, m=m, k=k, hw=(10, 12), **attrs)
         ctx = _ctx(inputs, _out_shape(inputs, attrs))
         return qconv.float_qlinear_conv.applies(ctx, attrs), qconv_blas.float_qlinear_conv_blas.applies(ctx, attrs)
 
     assert applies(64) == (False, True)
     assert applies(16) == (False, True)
     assert applies(65) == (True, True)
-    assert applies(32, strides=[2, 2])[0]
-    assert applies(32, pads=[1, 1, 1, 1])[0]
-    assert applies(32, k=(3, 3), pads=[1, 1, 1, 1]) == (True, True)
+    assert applies(192, m=32) == (False, True)
+    assert applies(192, m=33) == (True, True)
+    assert applies(32, m=24, strides=[2, 2])[0]
+    assert applies(32, m=24, pads=[1, 1, 1, 1])[0]
+    assert applies(32, m=24, k=(3, 3), pads=[1, 1, 1, 1]) == (True, True)

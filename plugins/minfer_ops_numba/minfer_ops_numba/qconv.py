@@ -99,14 +99,21 @@ def _fits(ctx: Any, attrs: dict) -> bool:
 # -> 0.58, dynamic 0.83 -> 0.80 (bench/results/session32/micro-rule-ab-resnet50.txt; a rule by map size or K < 64
 # would keep them, unmeasured).
 MICRO_CHANNELS = 64
+# and at most this many output channels, of any input channels: MobileNetV2's projections to 16-32 channels. In a
+# run the micro-kernel product was faster there (dynamic MobileNetV2's 192->32 at 28x28: 128 against igemm's 198
+# us, and 122/136; 192->64 at 14x14 82/105), where the first run's timing still kept igemm for some; the static
+# forms' timing already gave them the product. From 64 outputs igemm held its own (384->64 at 14x14: 119/122)
+MICRO_OUTPUTS = 32
 
 
 def _left_to_micro(ctx: Any, attrs: dict, w: np.ndarray, scaled: bool) -> bool:
     """Whether qconv_blas.py's kernel takes this node on pointwise.py's micro-kernel: a 1x1 conv at stride 1, no
-    pads, of at most MICRO_CHANNELS input channels, that kernel applying and the micro-kernel built here."""
+    pads, of at most MICRO_CHANNELS input channels or MICRO_OUTPUTS output channels, that kernel applying and the
+    micro-kernel built here."""
     from . import pointwise, qconv_blas  # (qconv_blas imports this module)
 
-    if w.shape[1] > MICRO_CHANNELS or w.shape[2:] != (1, 1) or any(v != 1 for v in attrs.get("strides") or [1]):
+    small = w.shape[1] <= MICRO_CHANNELS or w.shape[0] <= MICRO_OUTPUTS
+    if not small or w.shape[2:] != (1, 1) or any(v != 1 for v in attrs.get("strides") or [1]):
         return False
     if any(attrs.get("pads") or [0]):
         return False
