@@ -33,7 +33,9 @@ def _kernels(engine) -> list[str]:
     return [getattr(step[0], "__module__", "") for step in plans.bound[plans.last]]
 
 
-def main() -> None:
+def compare(setting: str, off: int, labels: tuple[str, str] = ("tuned", "rule")) -> None:
+    """The command line's model and form, tuned with qconv.py's ``setting`` at ``off`` and at its value, each
+    engine in its own fresh choice store: the counts, whether the bits agree, and the interleaved medians."""
     from minfer_core import Engine
     from minfer_ops_numba import qconv
 
@@ -41,16 +43,16 @@ def main() -> None:
     fmt, runs, model, qmodel, feeds = mobilenet_forms(40, name)
     os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
     engines = {"float": Engine(model)}
-    rule = qconv.MICRO_CHANNELS
-    for label, channels in (("tuned", 0), ("rule", rule)):
-        qconv.MICRO_CHANNELS = channels
+    rule = getattr(qconv, setting)
+    for label, value in zip(labels, (off, rule)):
+        setattr(qconv, setting, value)
         os.environ["MINFER_CACHE"] = tempfile.mkdtemp()
         engines[label] = Engine(qmodel)
         engines[label].run(None, feeds)  # the first run times the candidates under this setting
-    qconv.MICRO_CHANNELS = rule
-    same = engines["tuned"].run(None, feeds)[0].tobytes() == engines["rule"].run(None, feeds)[0].tobytes()
+    setattr(qconv, setting, rule)
+    same = engines[labels[0]].run(None, feeds)[0].tobytes() == engines[labels[1]].run(None, feeds)[0].tobytes()
     print(f"same output bits: {same}")
-    for label in ("tuned", "rule"):
+    for label in labels:
         steps = _kernels(engines[label])
         print(f"{label}: {sum(m.endswith('.qconv_blas') for m in steps)} steps on qconv_blas.py, "
               f"{sum(m.endswith('.qconv') for m in steps)} on qconv.py (igemm)")
@@ -63,7 +65,11 @@ def main() -> None:
             start = time.perf_counter()
             engine.run(None, feeds)
             times[label].append(time.perf_counter() - start)
-    print(name, summary(fmt, runs, times, "tuned", "rule"))
+    print(name, summary(fmt, runs, times, *labels))
+
+
+def main() -> None:
+    compare("MICRO_CHANNELS", 0)  # 0: igemm a candidate everywhere, as before session 32
 
 
 if __name__ == "__main__":
