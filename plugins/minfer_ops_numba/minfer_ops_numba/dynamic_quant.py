@@ -180,7 +180,7 @@ def scale_and_zero_point(mn: float, mx: float) -> tuple[np.float32, np.float32]:
 
 @jit
 def grid_operands(mn, mx, weight_scale, quant, m):  # pragma: no cover - compiled
-    """`scale_and_zero_point` of a finite [mn, max] in compiled code, its float32 operations in its order, written as
+    """`scale_and_zero_point` of a finite [mn, mx] in compiled code, its float32 operations in its order, written as
     the quantized convs take it (qdepthwise.py's `dynamic_operands`): quant = (scale, -zp, 255 - zp, 0), m = scale *
     weight_scale (the numpy kernel's Mul of two float32 scalars). ~5 us less a node than in Python."""
     hi = mx if mx > np.float32(0) else np.float32(0)
