@@ -19,7 +19,8 @@ quantized and centered by the stem: MobileNetV2's dynamic model 11.03 -> 10.77 m
 bench/results/session28/dynamic-stem-ab.txt). ``applies``: group 1 (depthwise convs are not GEMMs), a 4-D input
 of known channels, a constant 8-bit 4-D weight and zero point whose sums int32 holds, FloatQLinearConv's constant
 quantization parameters and float32 output, ScaledConvInteger's compiled epilogue, and VNNI (igemm's portable
-kernel is slower than sgemm); not a small 1x1 conv that qconv_blas.py's micro-kernel product takes (MICRO_CHANNELS).
+kernel is slower than sgemm); not a small 1x1 conv that qconv_blas.py's micro-kernel product takes (MICRO_CHANNELS,
+MICRO_OUTPUTS).
 """
 
 from __future__ import annotations

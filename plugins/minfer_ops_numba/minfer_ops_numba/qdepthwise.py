@@ -449,11 +449,12 @@ def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> t
     its zero point)."""
     kernel, range_params = dynamic
     mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
-    if -np.inf < mn and mx < np.inf and range_params is scale_and_zero_point:  # finite (NaN compares false)
+    finite = -np.inf < mn and mx < np.inf  # (NaN compares false)
+    if finite and range_params is scale_and_zero_point:
         quant, m = np.empty(4, np.float32), np.empty(1, np.float32)
         grid_operands(mn, mx, weight_scale, quant, m)  # the same operations, compiled
         return x, QUANTIZE, readonly(quant), readonly(m)
-    if -np.inf < mn and mx < np.inf:
+    if finite:
         x_scale, zp = range_params(mn, mx)
         zero = zp if isinstance(zp, np.float32) else np.float32(np.asarray(zp).reshape(-1)[0])
         quant, mode = readonly(np.array([np.float32(x_scale), -zero, np.float32(255) - zero, 0], np.float32)), QUANTIZE
