@@ -83,6 +83,30 @@ def test_rows_split_over_threads_give_the_same_result():
     np.testing.assert_array_equal(got, _reference(a, b, 5))
 
 
+@pytest.mark.parametrize("kinds", KINDS, ids=lambda k: f"{np.dtype(k[0])}x{np.dtype(k[1])}")
+@pytest.mark.parametrize("shape", [(70, 64, 300), (200, 101, 60), (33, 130, 250)], ids=str)
+def test_fixed_product_is_igemms_chain_on_a_team(kinds, shape):
+    """`Fixed` (a constant A's arguments made once) gives igemm's bits through a conv's chain, on a team of two
+    cutting the columns or (one panel) the rows, with per-row zero points, and as B's zero point changes between
+    calls (a dynamic input's) and back."""
+    rng = np.random.default_rng(sum(shape))
+    m, k, n = shape
+    a, za = _random(rng, kinds[0], (m, k)), _random(rng, kinds[0], (m,))
+    params = np.array([-128, 127, 0.05, 0, 6, 0, 0, 0, 0], np.float32)
+    chain = ig.Chain(rng.uniform(1e-4, 1e-3, m).astype(np.float32), np.zeros(0, np.float32),
+                     np.zeros(0, np.float32), rng.standard_normal(m).astype(np.float32), params, 2)
+    fixed = ig.Fixed(a, za)
+    assert fixed.team_applies(n, 2) and not fixed.team_applies(n, 1)
+    for zb in (3, 200, 3):
+        b = _random(rng, kinds[1], (k, n))
+        packed = ig.pack_b(b)
+        want = ig.igemm(a, packed, np.empty((m, n), np.float32), za, zb, chain=chain)
+        assert np.unique(want).size > 10  # not all clipped
+        got = np.full((m, n), np.nan, np.float32)
+        fixed(packed.b, packed.colsum, packed.beta, zb, got, chain, 2)
+        np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
+
+
 def test_a_batch_of_matrices():
     """A (batch, M, K) A times one B per matrix (or one for all), and a strided A: each the exact product."""
     rng = np.random.default_rng(6)

@@ -70,6 +70,16 @@ class Packed:
         sums = b.sum(axis=0, dtype=np.int64) if sums is None else sums  # B's column sums, known for a batch
         self.colsum = readonly((sums - self.beta * self.k).astype(np.int32))
 
+    @classmethod
+    def shifted(cls, b: np.ndarray, colsum: np.ndarray) -> "Packed":
+        """B with ``colsum`` already made: its column sums less beta * K, int32 (as a conv's compiled loops write
+        them), taken as they are."""
+        packed = cls.__new__(cls)
+        packed.k, packed.n = b.shape
+        packed.beta = 128 if b.dtype == np.uint8 else 0
+        packed.b, packed.colsum = readonly(np.ascontiguousarray(b).view(np.int8)), readonly(colsum)
+        return packed
+
 
 def pack_b(b: np.ndarray) -> Packed | list[Packed]:
     """B (K, N), uint8 or int8, made ready once for `igemm` (a constant weight: at build); a (batch, K, N) B: one
@@ -208,6 +218,47 @@ def _team(a: np.ndarray, packed: Any, out: np.ndarray, count: int, m: int, size:
     bounds = np.array([min(end, blocks * t // size * step) for t in range(size + 1)], np.int64)
     panels = scratch("minfer_ops_numba-igemm-panels", (size,) + panel, np.int8)
     _on_team(a3, alpha, g, b, beta, colsum, h, mode, ends, out3, bounds, by, panels)
+
+
+class Fixed:
+    """`igemm` of one constant A (M, K) with its zero point, through a `Chain` into float32, on a native team of
+    ``size`` (a conv's product: `team_applies`), its arguments made once a B shape. `igemm` makes them at every call
+    (A's offsets, B's, the team's bounds, a dozen numpy calls and checks): ~30 us of Python a conv in a run, where the
+    interpreter's data has left the cache since the node's last run (measured on MobileNetV2's QDQ 1x1 convs:
+    igemm's product 40-50 us, its call 100-200). The same driver on the same ranges: the same bits."""
+
+    __slots__ = ("a3", "alpha", "g", "m", "k", "shapes")
+
+    def __init__(self, a: np.ndarray, a_zero_point: Any = 0) -> None:
+        self.m, self.k = a.shape
+        self.alpha = 128 if a.dtype == np.int8 else 0
+        self.a3 = readonly(np.ascontiguousarray(a).view(np.uint8))[None]
+        self.g = readonly((self.alpha + np.asarray(a_zero_point, dtype=np.int64).reshape(-1)).astype(np.int32))
+        self.shapes: dict[tuple[int, int, int], list] = {}
+
+    def team_applies(self, n: int, threads: int) -> bool:
+        """Whether `igemm` runs this product on a native team (given one of ``threads`` runs): `Fixed` serves it."""
+        return threads > 1 and self.m * self.k * n >= TEAM_SPLIT_MACS and (self.m > MR or n > W)
+
+    def __call__(self, b: np.ndarray, colsum: np.ndarray, beta: int, b_zero: int, out: np.ndarray, chain: "Chain",
+                 size: int) -> None:
+        """out (M, N) = the chain's values of (A - za) @ (B - b_zero) for B (K, N) viewed as int8 (``beta``: 128 for
+        a uint8 B, its bytes read xor 0x80, else 0) with ``colsum`` B's column sums less beta * K (int32), on a team
+        of ``size`` (> 1: `team.size()`'s answer)."""
+        n = b.shape[1]
+        found = self.shapes.get((n, size, beta))
+        if found is None:
+            by = 1 if -(-n // W) >= size else 0  # columns, else rows (as `_team` cuts one matrix)
+            blocks, step, end = (-(-n // W), W, n) if by else (-(-self.m // MR), MR, self.m)
+            bounds = readonly(np.array([min(end, blocks * t // size * step) for t in range(size + 1)], np.int64))
+            found = self.shapes[(n, size, beta)] = [bounds, by, (size, self.k // 4 * 4 * W), None, None]
+        bounds, by, panel, zero, h = found
+        if zero != b_zero:  # B's offset a column: changes only with a dynamic input's zero point
+            h = found[4] = readonly(np.full(n, beta - b_zero, np.int32))
+            found[3] = b_zero
+        panels = scratch("minfer_ops_numba-igemm-panels", panel, np.int8)
+        _on_team(self.a3, self.alpha, self.g, b[None], beta, colsum[None], h, 3, _CHAIN_ENDS + chain.operands,
+                 out[None], bounds, by, panels)
 
 
 @jit(parallel=True)
@@ -391,6 +442,8 @@ def fitted(chain: np.ndarray, operands: tuple, channels: int) -> tuple[np.ndarra
 
 
 _NO_CHAIN = tuple(readonly(np.zeros(0, np.float32)) for _ in range(5))
+# a chain's write-out's leading `_write` arguments (scale 1, no bias, no requantizing), which `Fixed` passes
+_CHAIN_ENDS = (np.float32(1), readonly(_NO_BIAS), _NO_FACTOR, readonly(np.zeros(3, np.float64)))
 
 
 def _requantizing(requantize: Any, dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -66,22 +66,23 @@ def _quantize_team(x, q, scale, low, high, zp, parts):  # pragma: no cover - com
 
 
 @jit
-def _im2col(x, cols, sums, geometry, pad):  # pragma: no cover - compiled
+def _im2col(x, cols, sums, geometry, pad, shift):  # pragma: no cover - compiled
     """cols[(c, i, j), (oy, ox)] = x[c, oy * sh - ph + i * dh, ox * sw - pw + j * dw] (``pad`` outside x) for an
-    8-bit (C, H, W) x; ``geometry``: kh, kw, sh, sw, ph, pw, dh, dw, oh, ow. Then sums = cols' column sums."""
+    8-bit (C, H, W) x; ``geometry``: kh, kw, sh, sw, ph, pw, dh, dw, oh, ow. Then sums = cols' column sums less
+    ``shift``."""
     _im2col_rows(x, cols, geometry, pad, 0, cols.shape[0])
-    _column_sums(cols, sums)
+    _column_sums(cols, sums, shift)
 
 
 @jit(parallel=True)
-def _im2col_team(x, cols, sums, geometry, pad, parts):  # pragma: no cover - compiled
+def _im2col_team(x, cols, sums, geometry, pad, shift, parts):  # pragma: no cover - compiled
     """`_im2col` on a native team: ``parts`` ranges of cols' rows, then of its columns' sums, one a thread each."""
     k, n = cols.shape
     for t in prange(parts):
         _im2col_rows(x, cols, geometry, pad, k * t // parts, k * (t + 1) // parts)
     for t in prange(parts):
         lo, hi = n * t // parts, n * (t + 1) // parts
-        _column_sums(cols[:, lo:hi], sums[lo:hi])
+        _column_sums(cols[:, lo:hi], sums[lo:hi], shift)
 
 
 @jit
@@ -116,9 +117,9 @@ def _im2col_rows(x, cols, geometry, pad, r0, r1):  # pragma: no cover - compiled
 
 
 @jit
-def _column_sums(b, sums):  # pragma: no cover - compiled
-    """sums[n] = sum over k of b[k, n] (exact in int32: at most 255 * K)."""
-    sums[:] = 0
+def _column_sums(b, sums, shift):  # pragma: no cover - compiled
+    """sums[n] = sum over k of b[k, n], less ``shift`` (exact in int32: at most 255 * K, and igemm's shift 128 * K)."""
+    sums[:] = -shift
     for k in range(b.shape[0]):
         row = b[k]
         for n in range(b.shape[1]):
@@ -148,6 +149,7 @@ class IntegerConv:
         self.w_zero = 0 if wz is None else (readonly(wz.reshape(-1).astype(np.int32)) if wz.size > 1
                                             else int(wz.reshape(-1)[0]))
         self.shapes: dict[tuple[int, ...], Geometry] = {}
+        self.fixed = igemm.Fixed(self.weight, self.w_zero)
 
     def geometry(self, shape: tuple[int, ...]) -> Geometry:
         """The window over an input of ``shape`` (made once a shape)."""
@@ -163,6 +165,15 @@ class IntegerConv:
         tile by tile, and ``finish`` (if any) runs on the finished range."""
         geo = self.geometry(q.shape)
         hw = geo.out_hw[0] * geo.out_hw[1]
+        if chain is not None and self.fixed.team_applies(hw, intra_op_threads()):
+            size = team.size()
+            if size > 1:  # igemm would run it on the team: its arguments made once (`igemm.Fixed`)
+                for i in range(q.shape[0]):
+                    packed = _operand(q[i], geo, x_zero, hw, size)
+                    self.fixed(packed.b, packed.colsum, packed.beta, x_zero, y[i].reshape(self.m, hw), chain, size)
+                    if finish is not None:
+                        finish(y, out, (slice(i, i + 1), slice(0, self.m)))
+                return
         scale = ONE if y.dtype == np.float32 else None
         for i in range(q.shape[0]):
             packed, rows_of = _operand(q[i], geo, x_zero, hw), y[i].reshape(self.m, hw)
@@ -208,22 +219,25 @@ def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple
 TEAM_QUANTIZE = 1 << 16  # input values from which a native team shares their quantization (~15 us of one thread's work)
 
 
-def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int) -> igemm.Packed:
-    """B for one image (C, H, W): the image as (C, H * W), or its 8-bit im2col; with its column sums."""
+def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int, size: int = 0) -> igemm.Packed:
+    """B for one image (C, H, W): the image as (C, H * W), or its 8-bit im2col; with its column sums (less igemm's
+    128 * K for uint8). ``size``: the native team the product runs on (0: not known yet)."""
+    shift = (128 if image.dtype == np.uint8 else 0) * image.shape[0] * (1 if geo.im2col is None else
+                                                                      int(geo.im2col[0] * geo.im2col[1]))
+    sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
     if geo.im2col is None:
         b = image.reshape(image.shape[0], hw)
-        sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
-        _column_sums(b, sums)
-        return igemm.Packed(b, sums)
+        _column_sums(b, sums, shift)
+        return igemm.Packed.shifted(b, sums)
     k = image.shape[0] * int(geo.im2col[0] * geo.im2col[1])
     cols = scratch("minfer_ops_numba-qconv-cols", (k, hw), image.dtype)
-    sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
-    size = team.size() if intra_op_threads() > 1 and k * hw >= TEAM_IM2COL else 1
-    if size > 1:  # the product will run on the team too
-        _im2col_team(image, cols, sums, geo.im2col, image.dtype.type(x_zero), size)
+    if k * hw >= TEAM_IM2COL and intra_op_threads() > 1:
+        size = size or team.size()
+    if size > 1 and k * hw >= TEAM_IM2COL:  # the product will run on the team too
+        _im2col_team(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift, size)
     else:
-        _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero))
-    return igemm.Packed(cols, sums)
+        _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift)
+    return igemm.Packed.shifted(cols, sums)
 
 
 TEAM_IM2COL = 1 << 16  # bytes of cols from which a native team shares making them (~10 us of work)
@@ -255,12 +269,12 @@ def compile_for(dtype: np.dtype) -> None:
     if team.available():
         _quantize_team(readonly(np.zeros(9, np.float32)), q, np.float32(1), np.float32(-1), np.float32(1), np.int32(0), 1)
     sums = np.zeros(9, np.int32)
-    _column_sums(x.reshape(1, 9), sums)
+    _column_sums(x.reshape(1, 9), sums, 0)
     cols = np.zeros((1, 9), dtype)
-    _im2col(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0))
+    _im2col(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0), 0)
     igemm.warm(np.float32)
     igemm.warm(np.int32)
     if team.available():  # the team's im2col
-        _im2col_team(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0), 1)
+        _im2col_team(x, cols, sums, readonly(np.asarray([1, 1, 1, 1, 0, 0, 1, 1, 3, 3], np.int64)), dtype.type(0), 0, 1)
 
 
