@@ -146,3 +146,30 @@ def test_value_range_on_a_team_is_the_one_pass_range(monkeypatch, special):
         assert np.isnan(mn) and np.isnan(mx)
     else:
         assert (mn, mx) == (x.min(), x.max()) == (np.float32(-50.0 if special is None else special), 60.0)
+
+
+@pytest.mark.parametrize("size", [1, 2], ids=["one-thread", "team-of-two"])
+@pytest.mark.parametrize("special", [None, np.nan, np.inf], ids=["finite", "nan", "infinity"])
+def test_dynamic_grid_is_the_range_then_its_grid(size, special):
+    """`dynamic_grid` (the range and its grid in one compiled call, on one thread or a team's two parts) gives the
+    bytes `value_range` then `grid_operands` give, and None where the range is not finite (a NaN or an infinity in
+    either part), whatever the values' sizes and signs."""
+    from minfer_ops_numba.dynamic_quant import dynamic_grid, grid_operands
+
+    rng = np.random.default_rng(11)
+    dynamic_quant.warm_range()
+    for count, at in ((1, 0), (37, 20), (dynamic_quant.TEAM_RANGE + 999, -5), (dynamic_quant.TEAM_RANGE * 2, 3)):
+        for spread in (1e-3, 1.0, 300.0):
+            x = (rng.standard_normal(count) * spread + rng.uniform(-spread, spread)).astype(np.float32)
+            if special is not None:
+                x[at] = special
+            weight = np.float32(rng.uniform(1e-4, 0.1))
+            got = dynamic_grid(x, weight, size)
+            mn, mx = dynamic_quant.value_range(x)
+            if special is not None:
+                assert got is None
+                continue
+            quant, m = np.empty(4, np.float32), np.empty(1, np.float32)
+            grid_operands(mn, mx, weight, quant, m)
+            assert got[0].tobytes() == quant.tobytes() and got[1].tobytes() == m.tobytes(), (count, spread)
+            assert not got[0].flags.writeable and not got[1].flags.writeable

@@ -71,13 +71,12 @@ class Packed:
         self.colsum = readonly((sums - self.beta * self.k).astype(np.int32))
 
     @classmethod
-    def shifted(cls, b: np.ndarray, colsum: np.ndarray) -> "Packed":
-        """B with ``colsum`` already made: its column sums less beta * K, int32 (as a conv's compiled loops write
-        them), taken as they are."""
+    def shifted(cls, b: np.ndarray, colsum: np.ndarray, beta: int) -> "Packed":
+        """B (K, N) already viewed as int8 (C-contiguous, read-only) with ``colsum`` already made: its column sums
+        less ``beta`` * K, int32 (as a conv's compiled loops write them); ``beta`` 128 where B is uint8, else 0."""
         packed = cls.__new__(cls)
         packed.k, packed.n = b.shape
-        packed.beta = 128 if b.dtype == np.uint8 else 0
-        packed.b, packed.colsum = readonly(np.ascontiguousarray(b).view(np.int8)), readonly(colsum)
+        packed.beta, packed.b, packed.colsum = beta, b, colsum
         return packed
 
 
@@ -227,7 +226,7 @@ class Fixed:
     interpreter's data has left the cache since the node's last run (measured on MobileNetV2's QDQ 1x1 convs:
     igemm's product 40-50 us, its call 100-200). The same driver on the same ranges: the same bits."""
 
-    __slots__ = ("a3", "alpha", "g", "m", "k", "shapes")
+    __slots__ = ("a3", "alpha", "g", "m", "k", "shapes", "last")
 
     def __init__(self, a: np.ndarray, a_zero_point: Any = 0) -> None:
         self.m, self.k = a.shape
@@ -235,6 +234,7 @@ class Fixed:
         self.a3 = readonly(np.ascontiguousarray(a).view(np.uint8))[None]
         self.g = readonly((self.alpha + np.asarray(a_zero_point, dtype=np.int64).reshape(-1)).astype(np.int32))
         self.shapes: dict[tuple[int, int, int], list] = {}
+        self.last: tuple = (None, None)  # (chain, its write-out's arguments): a constant chain's made once
 
     def team_applies(self, n: int, threads: int) -> bool:
         """Whether `igemm` runs this product on a native team (given one of ``threads`` runs): `Fixed` serves it."""
@@ -256,9 +256,12 @@ class Fixed:
         if zero != b_zero:  # B's offset a column: changes only with a dynamic input's zero point
             h = found[4] = readonly(np.full(n, beta - b_zero, np.int32))
             found[3] = b_zero
-        panels = scratch("minfer_ops_numba-igemm-panels", panel, np.int8)
-        _on_team(self.a3, self.alpha, self.g, b[None], beta, colsum[None], h, 3, _CHAIN_ENDS + chain.operands,
-                 out[None], bounds, by, panels)
+        chained, how = self.last
+        if chained is not chain:
+            how = _CHAIN_ENDS + chain.operands
+            self.last = (chain, how)
+        _on_team(self.a3, self.alpha, self.g, b[None], beta, colsum[None], h, 3, how, out[None], bounds, by,
+                 scratch("minfer_ops_numba-igemm-panels", panel, np.int8))
 
 
 @jit(parallel=True)

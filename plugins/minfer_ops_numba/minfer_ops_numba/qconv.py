@@ -35,7 +35,7 @@ from . import igemm
 from . import qconv_gemm as qg
 from . import qstem
 from ._jit import PRIORITY, input_type, readonly
-from .dynamic_quant import value_range, warm_range
+from .dynamic_quant import dynamic_grid, scale_and_zero_point, value_range, warm_range
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -282,10 +282,11 @@ class QConv:
         if sums is not None:  # None: x holds NaN, which igemm's path below handles
             self.finish(sums, out, (slice(None), slice(None)), z)
             return out
-        q, nan = qg.quantized(x, self.quantize, self.x_dtype, self.x_zero)
+        size = self.conv.team(x.shape) if self.chain is not None else 0  # asked once: ~3 us a time
+        q, nan = qg.quantized(x, self.quantize, self.x_dtype, self.x_zero, size if size > 1 else 0)
         if self.chain is not None and not nan:  # the epilogue in igemm's write-out: no sums written and read back
             self.conv(q, self.x_zero, out, out, (lambda acc, dst, region: self.add_residual(dst, region, z))
-                      if self.residual else None, chain=self.chain)
+                      if self.residual else None, chain=self.chain, size=size)
             return out
         y = scratch("minfer_ops_numba-qconv-y", out.shape, np.float32 if self.fast is not None else np.int32)
         self.conv(q, self.x_zero, y, out, lambda acc, dst, region: self.finish(acc, dst, region, z))
@@ -434,16 +435,24 @@ class ScaledConv:
         template = None if at_run or scale is None else _chain(self.epilogue, [one, None, sv, av])
         self.fixed = None if template is None else (template, np.asarray(scale, np.float32).reshape(-1)[:1])
 
-    def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any) -> tuple[np.ndarray, int, np.ndarray]:
+    def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any, size: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
         """(8-bit x, its zero point, the float32 scale of the sums): DynamicQuantizeLinear's of a float32 x, made
-        as the numpy kernel makes it (the kernel on [min, max], then x / scale clipped and rounded)."""
+        as the numpy kernel makes it (the kernel on [min, max], then x / scale clipped and rounded); ``size``: the
+        product's native team, when asked already."""
         if self.dynamic is None:
             zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
+        if self.range_params is scale_and_zero_point and x.size:  # the range and its grid in one compiled call
+            grid = dynamic_grid(x, np.float32(np.asarray(scale, np.float32).reshape(-1)[0]), size if size > 1 else 0)
+            if grid is not None:
+                (quant, factor), zero = grid, int(-grid[0][1])  # quant: (scale, -zp, 255 - zp, 0)
+                q, _ = qg.quantized(x, (quant[0], quant[1], quant[2]), np.dtype(np.uint8), zero,
+                                    size if size > 1 else 0)
+                return q, zero, factor
         found = self._grid(x)
         if found is not None:
             x_scale, zero = found
-            q, _ = qg.quantized(x, self._quantize(x_scale, zero), np.dtype(np.uint8), zero)
+            q, _ = qg.quantized(x, self._quantize(x_scale, zero), np.dtype(np.uint8), zero, size if size > 1 else 0)
         else:  # NaN or an infinity: the kernel quantizes x itself, as the numpy kernel does
             q, x_scale, zp = self.dynamic(x)
             zero = int(np.asarray(zp).reshape(-1)[0])
@@ -476,8 +485,10 @@ class ScaledConv:
             chain = lambda m: _chain(self.epilogue, [m, None, sv, av])  # noqa: E731
         if self.stem is not None and self._stem(x, scale, chain, out):
             return out
-        q, zero, factor = self._input(x, x_zero_point, scale)
-        self.conv(q, zero, out, out, None, chain=chain(readonly(np.ascontiguousarray(factor))))  # igemm's write-out
+        size = self.conv.team(x.shape)
+        q, zero, factor = self._input(x, x_zero_point, scale, size)
+        self.conv(q, zero, out, out, None, chain=chain(readonly(np.ascontiguousarray(factor))),  # igemm's write-out
+                  size=size)
         return out
 
     def _stem(self, x: np.ndarray, scale: Any, chain: Any, out: np.ndarray) -> bool:

@@ -157,26 +157,36 @@ class IntegerConv:
             self.shapes[shape] = Geometry(shape, self.kernel_hw, self.attrs)
         return self.shapes[shape]
 
+    def team(self, shape: tuple[int, ...]) -> int:
+        """The native team a chained product over an input of ``shape`` runs on (`team.size()`, which claims the
+        run's threads), or 1 where igemm would not use one."""
+        threads = intra_op_threads()
+        geo = self.geometry(shape)
+        return team.size() if threads > 1 and self.fixed.team_applies(geo.out_hw[0] * geo.out_hw[1], threads) else 1
+
     def __call__(self, q: np.ndarray, x_zero: int, y: np.ndarray, out: np.ndarray, finish: Finish | None,
-                 chain: igemm.Chain | None = None) -> None:
+                 chain: igemm.Chain | None = None, size: int = 0) -> None:
         """y (N, M, OH, OW; float32: the sums as float32, else int32) = the sums of q (N, C, H, W) less x_zero by the
         weight less its zero point; ``finish(y, out, region)`` on each range of channels of an image as it is done.
         With ``chain`` (y then is out, C-contiguous float32) igemm writes the chain's values of the sums instead,
-        tile by tile, and ``finish`` (if any) runs on the finished range."""
+        tile by tile, and ``finish`` (if any) runs on the finished range. ``size``: `team`'s answer, when the caller
+        asked it already."""
         geo = self.geometry(q.shape)
         hw = geo.out_hw[0] * geo.out_hw[1]
-        if chain is not None and self.fixed.team_applies(hw, intra_op_threads()):
-            size = team.size()
+        if chain is not None:
+            size = size or self.team(q.shape)
             if size > 1:  # igemm would run it on the team: its arguments made once (`igemm.Fixed`)
+                beta = 128 if q.dtype == np.uint8 else 0
                 for i in range(q.shape[0]):
-                    packed = _operand(q[i], geo, x_zero, hw, size)
-                    self.fixed(packed.b, packed.colsum, packed.beta, x_zero, y[i].reshape(self.m, hw), chain, size)
+                    b, colsum = _operand(q[i], geo, x_zero, hw, size)
+                    self.fixed(b, colsum, beta, x_zero, y[i].reshape(self.m, hw), chain, size)
                     if finish is not None:
                         finish(y, out, (slice(i, i + 1), slice(0, self.m)))
                 return
         scale = ONE if y.dtype == np.float32 else None
         for i in range(q.shape[0]):
-            packed, rows_of = _operand(q[i], geo, x_zero, hw), y[i].reshape(self.m, hw)
+            packed = igemm.Packed.shifted(*_operand(q[i], geo, x_zero, hw), 128 if q.dtype == np.uint8 else 0)
+            rows_of = y[i].reshape(self.m, hw)
 
             def rows(lo: int, hi: int, i: int = i, packed: igemm.Packed = packed, rows_of: np.ndarray = rows_of
                      ) -> None:
@@ -202,13 +212,17 @@ def _split(rows: Any, m: int, per_row: int) -> None:
         rows(0, m)
 
 
-def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple[np.ndarray, int]:
-    """(the 8-bit input, how many x were NaN): QuantizeLinear's of a float32 x (NaN as 0, fixed after), or x."""
+def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int, size: int = 0) -> tuple[np.ndarray, int]:
+    """(the 8-bit input, how many x were NaN): QuantizeLinear's of a float32 x (NaN as 0, fixed after), or x.
+    ``size``: the native team the product runs on, when the caller asked it (0: ask here if it pays)."""
     if quantize is None:
         return readonly(np.ascontiguousarray(x)), 0
     q = scratch("minfer_ops_numba-qconv-q", x.shape, dtype)
     src = readonly(np.ascontiguousarray(x)).reshape(-1)
-    size = team.size() if x.size >= TEAM_QUANTIZE and intra_op_threads() > 1 else 1
+    if x.size < TEAM_QUANTIZE:
+        size = 1
+    elif not size:
+        size = team.size() if intra_op_threads() > 1 else 1
     if size > 1:  # the product will run on the team too
         nan = _quantize_team(src, q.reshape(-1), *quantize, np.int32(zero), size)
     else:
@@ -219,25 +233,25 @@ def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int) -> tuple
 TEAM_QUANTIZE = 1 << 16  # input values from which a native team shares their quantization (~15 us of one thread's work)
 
 
-def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int, size: int = 0) -> igemm.Packed:
-    """B for one image (C, H, W): the image as (C, H * W), or its 8-bit im2col; with its column sums (less igemm's
-    128 * K for uint8). ``size``: the native team the product runs on (0: not known yet)."""
-    shift = (128 if image.dtype == np.uint8 else 0) * image.shape[0] * (1 if geo.im2col is None else
-                                                                      int(geo.im2col[0] * geo.im2col[1]))
+def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int, size: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """B for one image (C, H, W) as igemm reads it (int8, read-only): the image as (C, H * W), or its 8-bit im2col;
+    and its column sums less igemm's 128 * K for uint8 (int32). ``size``: the native team the product runs on (0: not
+    known yet)."""
+    shift = 128 if image.dtype == np.uint8 else 0
     sums = scratch("minfer_ops_numba-qconv-sums", (hw,), np.int32)
     if geo.im2col is None:
         b = image.reshape(image.shape[0], hw)
-        _column_sums(b, sums, shift)
-        return igemm.Packed.shifted(b, sums)
+        _column_sums(b, sums, shift * b.shape[0])
+        return readonly(b.view(np.int8)), readonly(sums)
     k = image.shape[0] * int(geo.im2col[0] * geo.im2col[1])
     cols = scratch("minfer_ops_numba-qconv-cols", (k, hw), image.dtype)
     if k * hw >= TEAM_IM2COL and intra_op_threads() > 1:
         size = size or team.size()
     if size > 1 and k * hw >= TEAM_IM2COL:  # the product will run on the team too
-        _im2col_team(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift, size)
+        _im2col_team(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift * k, size)
     else:
-        _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift)
-    return igemm.Packed.shifted(cols, sums)
+        _im2col(image, cols, sums, geo.im2col, image.dtype.type(x_zero), shift * k)
+    return readonly(cols.view(np.int8)), readonly(sums)
 
 
 TEAM_IM2COL = 1 << 16  # bytes of cols from which a native team shares making them (~10 us of work)

@@ -39,7 +39,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uint
 from .channels import LANES
 from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
-from .dynamic_quant import grid_operands, scale_and_zero_point, value_range, warm_range
+from .dynamic_quant import dynamic_grid, scale_and_zero_point, value_range, warm_range
 from .igemm import FITTED, fitted, requantize_channels  # noqa: F401 (FITTED: qconv_blas, tests; compiled code)
 from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
@@ -448,12 +448,12 @@ def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> t
     quantized on the way in; an x holding NaN or an infinity goes through the kernel itself (its 8-bit output, less
     its zero point)."""
     kernel, range_params = dynamic
+    if range_params is scale_and_zero_point and x.size:  # the range and its grid in one compiled call
+        found = dynamic_grid(x, weight_scale)
+        if found is not None:
+            return (x, QUANTIZE) + found
     mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)
     finite = -np.inf < mn and mx < np.inf  # (NaN compares false)
-    if finite and range_params is scale_and_zero_point:
-        quant, m = np.empty(4, np.float32), np.empty(1, np.float32)
-        grid_operands(mn, mx, weight_scale, quant, m)  # the same operations, compiled
-        return x, QUANTIZE, readonly(quant), readonly(m)
     if finite:
         x_scale, zp = range_params(mn, mx)
         zero = zp if isinstance(zp, np.float32) else np.float32(np.asarray(zp).reshape(-1)[0])
