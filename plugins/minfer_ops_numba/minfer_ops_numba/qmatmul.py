@@ -25,6 +25,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see 
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
+ONE = np.float32(1)
 
 
 def _weight(ctx: Any, index: int) -> np.ndarray | None:
@@ -85,13 +86,13 @@ def _target(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any) -> np.nd
 def _quantized(x: np.ndarray) -> tuple[np.ndarray, Any, np.float32]:
     """DynamicQuantizeLinear(x) as minfer-ops-basic's kernel computes it: (q, zero point, scale)."""
     flat = readonly(np.ascontiguousarray(x)).reshape(-1)
-    if flat.size:
-        mn, mx = np.min(flat), np.max(flat)  # NaN propagates into both
-        if np.isfinite(mn) and np.isfinite(mx):
-            scale, zp = dynamic_quant.scale_and_zero_point(float(mn), float(mx))
+    if flat.size:  # the range and scale_and_zero_point's grid of it in one compiled call (None: NaN or infinite)
+        grid = dynamic_quant.dynamic_grid(flat, ONE)
+        if grid is not None:
+            scale, zp = grid[0][0], -grid[0][1]  # (scale, -zp, 255 - zp, 0)
             q = scratch("minfer_ops_numba-qmm-q", x.shape, np.uint8)
-            dynamic_quant._quantize(flat, q.reshape(-1), scale, np.float32(zp))
-            return q, int(zp), np.float32(scale)
+            dynamic_quant._quantize(flat, q.reshape(-1), scale, zp)
+            return q, int(zp), scale
     q, scale, zp = dynamic_quant._numpy(x)
     return q, zp, np.float32(scale)
 
@@ -106,6 +107,9 @@ def scaled_matmul_integer(ctx, *, dynamic_input=0):
     packed, held_zp = igemm.pack_b(b), _zero_point(ctx, 3, b.shape[1])[1]
     k, n = b.shape
     _compiled(np.float32)
+    if dynamic_input:  # the range, its grid and the quantizing: compiled (or loaded) at build, not in a timed run
+        dynamic_quant.warm_range()
+        dynamic_quant._quantize(readonly(np.zeros(1, np.float32)), np.zeros(1, np.uint8), ONE, np.float32(0))
     del ctx, b  # packed=(1, 3): the closure must not keep the originals alive
 
     def run(a, b=None, a_zero_point=None, b_zero_point=None, scale=None, bias=None, *, out=None):
