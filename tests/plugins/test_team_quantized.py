@@ -366,9 +366,9 @@ def test_quantizing_a_large_input_on_a_team_is_one_threads_result(monkeypatch):
 
 
 def test_a_dynamic_input_is_ranged_and_centered_on_the_team(monkeypatch):
-    """A dynamic ScaledConvInteger's input of TEAM_RANGE values or more: its range (dynamic_quant.py) and its
-    centering into the product's operand (qconv_blas.py) each shared by the team, one call a run; the output the
-    bytes of the same kernel on one thread and with no team."""
+    """A dynamic ScaledConvInteger's input of TEAM_RANGE values or more: its range and grid (dynamic_quant.py's
+    `dynamic_grid`) and its centering into the product's operand (qconv_blas.py) each shared by the team, one call
+    a run; the output the bytes of the same kernel on one thread and with no team."""
     from minfer_core import KernelContext, TensorType
     from minfer_ops_numba import dynamic_quant, qconv_blas
 
@@ -389,7 +389,7 @@ def test_a_dynamic_input_is_ranged_and_centered_on_the_team(monkeypatch):
     args = [None if i in (1, 3, 4) else v for i, v in enumerate(inputs)]
     alone = kernel_run(*args)
     kernel_run(x[:, ::-1].copy(), *args[1:])  # other values in the thread's centering scratch now
-    ranges = _counted(monkeypatch, dynamic_quant, "_range_team")
+    ranges = _counted(monkeypatch, dynamic_quant, "_grid_team")  # the range and its grid, one compiled call
     centers = _counted(monkeypatch, qconv_blas, "_center_team")
     with using_threads(2):
         got = kernel_run(*args)
