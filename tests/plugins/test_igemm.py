@@ -219,6 +219,40 @@ def test_scaled_matmul_integer_bit_for_bit_as_numpy(case):
         _same(out, want)
 
 
+@pytest.mark.parametrize("threads", [1, 2], ids=["serial", "team"])
+@pytest.mark.parametrize("case", ["one-row", "three-rows-percolumn", "bias-2d", "nan", "infinity"])
+def test_a_dynamic_scaled_matmul_of_few_rows_is_numpys_bits(case, threads, monkeypatch):
+    """A dynamic ScaledMatMulInteger of fewer than FEW_ROWS rows (a classifier at batch 1) runs in one compiled call
+    on the weight as held (qmatmul.py's `FewRows`), alone or in a run of two threads: minfer-ops-basic's float32
+    outputs bit for bit, with or without a bias; NaN or an infinity in x goes igemm's way, the same as numpy's too."""
+    from minfer_core.parallel import using_threads
+    from minfer_ops_numba import qmatmul
+
+    rng = np.random.default_rng(21)
+    k, n = 700, 500
+    bt = np.uint8 if case == "three-rows-percolumn" else np.int8
+    b = _random(rng, bt, (k, n))
+    zb = _random(rng, bt, (n,)) if case == "three-rows-percolumn" else np.array(3, bt)
+    a = (rng.standard_normal((1, 3, k) if case == "three-rows-percolumn" else (1, k)) * 3 - 1).astype(np.float32)
+    if case in ("nan", "infinity"):
+        a[0, 9] = np.nan if case == "nan" else -np.inf
+    bias = rng.standard_normal((1, n) if case == "bias-2d" else (n,)).astype(np.float32)
+    scale = np.array([0.0123], np.float32)
+    types = [(a.dtype, a.shape), (b.dtype, b.shape), None, (zb.dtype, zb.shape), (np.float32, (1,)),
+             (np.float32, bias.shape)]
+    mine, numpy_run = _both("ScaledMatMulInteger", types, [None, b, None, zb, None, None], dynamic_input=1)
+    assert a.size < qmatmul.FEW_ROWS * k
+    calls, real = [], qmatmul._dynamic_few
+    monkeypatch.setattr(qmatmul, "_dynamic_few", lambda *args: calls.append(1) or real(*args))
+    for with_bias in (bias, None):
+        with np.errstate(invalid="ignore"), using_threads(threads):
+            want = numpy_run(a, None, None, None, scale, with_bias)
+            got = mine(a, None, None, None, scale, with_bias)
+        _same(got, want)
+        assert case in ("nan", "infinity") or np.unique(got).size > n // 2
+    assert calls == [1, 1], calls
+
+
 def test_matmul_integer_bit_for_bit_as_numpy():
     """MatMulInteger on VNNI: minfer-ops-basic's int32 product, for a 3-D A with a zero point per row."""
     rng = np.random.default_rng(12)

@@ -173,3 +173,35 @@ def test_dynamic_grid_is_the_range_then_its_grid(size, special):
             grid_operands(mn, mx, weight, quant, m)
             assert got[0].tobytes() == quant.tobytes() and got[1].tobytes() == m.tobytes(), (count, spread)
             assert not got[0].flags.writeable and not got[1].flags.writeable
+
+
+@pytest.mark.parametrize("size", [1, 2], ids=["one-thread", "team-of-two"])
+@pytest.mark.parametrize("special", [None, np.nan, -np.inf], ids=["finite", "nan", "infinity"])
+def test_dynamic_quantized_is_the_grid_then_x_quantized_on_it(size, special):
+    """qconv_gemm.py's `dynamic_quantized` (the range, its grid and x quantized on it in one compiled call, on one
+    thread or a team's two parts) gives the bytes of `dynamic_grid` then `quantized` on that grid: the uint8 input,
+    its zero point and the sums' factor; None where the range is not finite."""
+    from minfer_ops_numba import qconv_gemm
+    from minfer_ops_numba.dynamic_quant import dynamic_grid
+
+    rng = np.random.default_rng(12)
+    dynamic_quant.warm_range()
+    qconv_gemm.compile_for(np.dtype(np.uint8))
+    for shape, at in (((1, 1, 1, 1), 0), ((1, 3, 5, 7), 20), ((1, 17, 61, 67), -5), ((2, 16, 64, 64), 3)):
+        for spread in (1e-3, 1.0, 300.0):
+            x = (rng.standard_normal(shape) * spread + rng.uniform(-spread, spread)).astype(np.float32)
+            if special is not None:
+                x.reshape(-1)[at] = special
+            weight = np.float32(rng.uniform(1e-4, 0.1))
+            got = qconv_gemm.dynamic_quantized(x, weight, size)
+            grid = dynamic_grid(x, weight, size)
+            if special is not None:
+                assert got is None and grid is None
+                continue
+            quant, m = grid
+            zero, q = int(-quant[1]), got[0].copy()  # this thread's scratch, which `quantized` writes next
+            want, bad = qconv_gemm.quantized(x, (quant[0], quant[1], quant[2]), np.dtype(np.uint8), zero, size)
+            assert bad == 0 and got[1] == zero and got[2].tobytes() == m.tobytes(), (shape, spread)
+            assert q.dtype == np.uint8 and q.shape == x.shape and q.tobytes() == want.tobytes()
+            assert not got[0].flags.writeable and not got[2].flags.writeable
+            assert x.size < 100 or np.unique(q).size > 20

@@ -76,9 +76,16 @@ def _grid_of(parts, weight_scale, quant, m):  # pragma: no cover - compiled
 
 
 @jit
+def range_part(flat, parts, t):  # pragma: no cover - compiled
+    """parts[t] = the min and max (`minmax`) of part t of flat cut into as many even parts as ``parts`` has rows."""
+    count = parts.shape[0]
+    minmax(flat[flat.size * t // count:flat.size * (t + 1) // count], parts[t])
+
+
+@jit
 def _grid_one(flat, parts, weight_scale, quant, m):  # pragma: no cover - compiled
     """`_grid_team` on the calling thread alone."""
-    minmax(flat, parts[0])
+    range_part(flat, parts[:1], 0)
     return _grid_of(parts[:1], weight_scale, quant, m)
 
 
@@ -86,9 +93,8 @@ def _grid_one(flat, parts, weight_scale, quant, m):  # pragma: no cover - compil
 def _grid_team(flat, parts, weight_scale, quant, m):  # pragma: no cover - compiled
     """x's range (flat: at least one value per row of ``parts``) over a native team as `_range_team` takes it, then
     its `grid_operands` in the same call: whether the range is finite."""
-    count = parts.shape[0]
-    for t in prange(count):
-        minmax(flat[flat.size * t // count:flat.size * (t + 1) // count], parts[t])
+    for t in prange(parts.shape[0]):
+        range_part(flat, parts, t)
     return _grid_of(parts, weight_scale, quant, m)
 
 

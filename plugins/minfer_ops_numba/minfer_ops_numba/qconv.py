@@ -426,6 +426,7 @@ class ScaledConv:
             self.stem.warm(chain.operands)
         if self.dynamic:
             warm_range()  # compiled at build, not in the first run
+            qg.warm_dynamic()
         # S and A constant (or absent), and the weight's scale: the chain's arrays made once, each run only its
         # factor m in place of `one` (building them each run took ~17 us a node, 0.2-0.3 ms of dynamic MobileNetV2)
         scale, s, a = (_constant(ctx, i) for i in (4, 5, 6))
@@ -433,7 +434,9 @@ class ScaledConv:
         sv, av = (None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
                   for v in (s, a))
         template = None if at_run or scale is None else _chain(self.epilogue, [one, None, sv, av])
-        self.fixed = None if template is None else (template, np.asarray(scale, np.float32).reshape(-1)[:1])
+        weight_scale = None if scale is None else np.float32(np.asarray(scale, np.float32).reshape(-1)[0])
+        self.fixed = None if template is None else (template.times, weight_scale)
+        self.out_shapes: dict[tuple[int, ...], tuple[int, ...]] = {}
 
     def _input(self, x: np.ndarray, x_zero_point: Any, scale: Any, size: int = 0) -> tuple[np.ndarray, int, np.ndarray]:
         """(8-bit x, its zero point, the float32 scale of the sums): DynamicQuantizeLinear's of a float32 x, made
@@ -443,12 +446,12 @@ class ScaledConv:
             zero = 0 if x_zero_point is None else int(np.asarray(x_zero_point).reshape(-1)[0])
             return readonly(np.ascontiguousarray(x)), zero, np.asarray(scale, np.float32).reshape(-1)[:1]
         team = size if size > 1 else 0  # 0: the passes ask for themselves
-        if self.range_params is scale_and_zero_point and x.size:  # the range and its grid in one compiled call
-            grid = dynamic_grid(x, np.float32(np.asarray(scale, np.float32).reshape(-1)[0]), team)
-            if grid is not None:
-                (quant, factor), zero = grid, int(-grid[0][1])  # quant: (scale, -zp, 255 - zp, 0)
-                q, _ = qg.quantized(x, (quant[0], quant[1], quant[2]), np.dtype(np.uint8), zero, team)
-                return q, zero, factor
+        if self.range_params is scale_and_zero_point and x.size:  # the range, its grid and x on it in one call
+            weight_scale = scale if isinstance(scale, np.float32) else np.float32(
+                np.asarray(scale, np.float32).reshape(-1)[0])
+            found = qg.dynamic_quantized(x, weight_scale, team)
+            if found is not None:
+                return found
         found = self._grid(x)
         if found is not None:
             x_scale, zero = found
@@ -473,12 +476,14 @@ class ScaledConv:
         return np.float32(x_scale), np.float32(-zero), np.float32(255 - zero)
 
     def __call__(self, x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
-        out = np.empty((x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw, np.float32)
+        shape = self.out_shapes.get(x.shape)
+        if shape is None:
+            shape = self.out_shapes[x.shape] = (x.shape[0], self.conv.m) + self.conv.geometry(x.shape).out_hw
+        out = np.empty(shape, np.float32)
         if not out.size:
             return out
         if self.fixed is not None:
-            template, scale = self.fixed
-            chain = lambda m: template.times(m)  # noqa: E731
+            chain, scale = self.fixed  # the template's `times`, the weight's scale (np.float32)
         else:
             sv, av = (None if v is None else readonly(np.ascontiguousarray(np.asarray(v, np.float32).reshape(-1)))
                       for v in (s, a))

@@ -274,10 +274,11 @@ class Product:
         return readonly(full)
 
     def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple, z: np.ndarray | None = None,
-                 grid: np.ndarray = None) -> np.ndarray:
+                 grid: np.ndarray = None, size: int = 0) -> np.ndarray:
         """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands, then
-        + z and the rounding on ``grid`` when z is given."""
-        found, geos, size, direct, shape = self.plans.get(x.shape) or self.plans.setdefault(
+        + z and the rounding on ``grid`` when z is given. ``size``: `team.size()`'s answer when the caller asked it
+        in this call (0: asked here where a team pays; each asking costs ~1.4 us in a run)."""
+        found, geos, unit, direct, shape = self.plans.get(x.shape) or self.plans.setdefault(
             x.shape, self._plan(x))
         y = np.empty(shape, np.float32)
         if y.size == 0:
@@ -292,21 +293,23 @@ class Product:
         xs = readonly(np.ascontiguousarray(x))
         if mode != CENTERED:  # every unit reads all of x: centered once, first (shared by a team when one runs)
             xq = scratch("minfer_ops_numba-qconv-blas-x", x.shape, np.float32)
-            parts = min(team.size(), x.shape[1]) if x.size >= TEAM_CENTER else 1
+            if x.size >= TEAM_CENTER:
+                size = size or team.size()
+            parts = min(size, x.shape[1]) if x.size >= TEAM_CENTER else 1
             if parts > 1:
                 _center_team(xs, xq, mode, quant, parts)
             else:
                 _center_all(xs, xq, mode, quant)
             xs = readonly(xq)
         args = (self.address, xs, self.centered(), y.reshape(shape[0], shape[1], -1), found, geos)
-        threads = team.size() if len(found) > 1 else 1
+        threads = (size or team.size()) if len(found) > 1 else 1
         if threads > 1:  # one range, which the driver splits itself: a process team's ranks still write y only here
-            cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), size), np.float32)
+            cols = scratch("minfer_ops_numba-qconv-blas-team", (min(threads, len(found)), unit), np.float32)
             parallel_for(1, lambda lo, hi: _team_units(*args, cols, direct, *operands), parts=1, outputs_only=True)
             return y
 
         def span(lo: int, hi: int) -> None:
-            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (size,), np.float32), direct, lo, hi, *operands)
+            _units(*args, scratch("minfer_ops_numba-qconv-blas-unit", (unit,), np.float32), direct, lo, hi, *operands)
 
         parallel_for(len(found), span, parts=None if intra_op_threads() > 1 else 1, outputs_only=True)
         return y

@@ -21,6 +21,8 @@ from minfer_core import intra_op_threads, parallel_for, scratch
 
 from . import igemm, team
 from ._jit import jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .dynamic_quant import TEAM_RANGE, _grid_of, _install as _install_range, range_part  # noqa: F401
+# (_grid_of, range_part: compiled code calls them)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 from .window import window
 
@@ -153,9 +155,10 @@ class IntegerConv:
 
     def geometry(self, shape: tuple[int, ...]) -> Geometry:
         """The window over an input of ``shape`` (made once a shape)."""
-        if shape not in self.shapes:
-            self.shapes[shape] = Geometry(shape, self.kernel_hw, self.attrs)
-        return self.shapes[shape]
+        found = self.shapes.get(shape)
+        if found is None:
+            found = self.shapes[shape] = Geometry(shape, self.kernel_hw, self.attrs)
+        return found
 
     def team(self, shape: tuple[int, ...]) -> int:
         """The native team a chained product over an input of ``shape`` runs on (`team.size()`, which claims the
@@ -231,6 +234,58 @@ def quantized(x: np.ndarray, quantize: Any, dtype: np.dtype, zero: int, size: in
 
 
 TEAM_QUANTIZE = 1 << 16  # input values from which a native team shares their quantization (~15 us of one thread's work)
+
+
+@jit
+def _dynamic_one(flat, parts, weight_scale, quant, m, q):  # pragma: no cover - compiled
+    """`_dynamic_team` on the calling thread alone."""
+    range_part(flat, parts[:1], 0)
+    if not _grid_of(parts[:1], weight_scale, quant, m):
+        return False
+    _quantize(flat, q, quant[0], quant[1], quant[2], np.int32(-quant[1]))
+    return True
+
+
+@jit(parallel=True)
+def _dynamic_team(flat, parts, weight_scale, quant, m, q):  # pragma: no cover - compiled
+    """dynamic_quant.py's `_grid_team` (x's range over the team, then its grid: quant, m), then, when the range is
+    finite, q = `_quantize` of x on that grid over the team (as `quantized` makes it with that grid: each value's
+    same operations), in one call: whether the range is finite (q is not written when it is not)."""
+    count = parts.shape[0]
+    for t in prange(count):
+        range_part(flat, parts, t)
+    if not _grid_of(parts, weight_scale, quant, m):
+        return False
+    scale, low, high, zp = quant[0], quant[1], quant[2], np.int32(-quant[1])
+    for t in prange(count):
+        lo, hi = flat.size * t // count, flat.size * (t + 1) // count
+        _quantize(flat[lo:hi], q[lo:hi], scale, low, high, zp)
+    return True
+
+
+def dynamic_quantized(x: np.ndarray, weight_scale: np.float32, size: int = 0
+                      ) -> tuple[np.ndarray, int, np.ndarray] | None:
+    """(x quantized to uint8 as DynamicQuantizeLinear makes it (read-only, this thread's scratch), its zero point,
+    the sums' factor m = x's scale * ``weight_scale``) for a float32 x of at least one value whose range is finite,
+    else None: dynamic_quant.py's `dynamic_grid` and `quantized` on its grid in one compiled call (one team
+    hand-over and their Python less: ~6 us a dynamic conv in a run). ``size``: the native team the caller's conv
+    runs on, when it asked already (0: asked here where the range pays a team)."""
+    _install_range()
+    flat = readonly(np.ascontiguousarray(x, np.float32)).reshape(-1)
+    size = (size or team.size()) if flat.size >= TEAM_RANGE else 1
+    q = scratch("minfer_ops_numba-qconv-q", x.shape, np.dtype(np.uint8))
+    parts, quant, m = np.empty((size, 2), np.float32), np.empty(4, np.float32), np.empty(1, np.float32)
+    if not (_dynamic_team if size > 1 else _dynamic_one)(flat, parts, weight_scale, quant, m, q.reshape(-1)):
+        return None
+    return readonly(q), int(-quant[1]), readonly(m)
+
+
+def warm_dynamic() -> None:
+    """Compile `dynamic_quantized`'s passes (or load them from numba's cache) now, at a kernel's build."""
+    dynamic_quantized(np.zeros((1, 1, 1, 1), np.float32), np.float32(1), 1)
+    if team.available():
+        _dynamic_team(readonly(np.zeros(2, np.float32)), np.empty((2, 2), np.float32), np.float32(1),
+                      np.empty(4, np.float32), np.empty(1, np.float32), np.empty(2, np.uint8))
 
 
 def _operand(image: np.ndarray, geo: Geometry, x_zero: int, hw: int, size: int = 0) -> tuple[np.ndarray, np.ndarray]:

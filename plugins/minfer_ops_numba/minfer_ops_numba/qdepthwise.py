@@ -39,7 +39,7 @@ from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uint
 from .channels import LANES
 from .depthwise import units as row_cut
 from .depthwise_blocked import block_sums  # noqa: F401 (compiled code calls it)
-from .dynamic_quant import dynamic_grid, scale_and_zero_point, value_range, warm_range
+from .dynamic_quant import TEAM_RANGE, dynamic_grid, scale_and_zero_point, value_range, warm_range
 from .igemm import FITTED, fitted, requantize_channels  # noqa: F401 (FITTED: qconv_blas, tests; compiled code)
 from .loops import wide_rows  # noqa: F401 (compiled code calls it)
 from .qconv import (EIGHT_BIT, EXACT, MINFER, _bound, _constant, _dynamic_quantizer, _epilogue, _frozen, _given,
@@ -316,15 +316,16 @@ class Depthwise:
                 _drive(x, xq, self.packed, self.zeros, y, table, 1, *tables, mode, quant, *operands, self.chain)
         self.geometry.clear()
 
-    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple) -> np.ndarray:
-        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands."""
-        n, c, (kh, kw) = x.shape[0], self.c, self.kernel
+    def __call__(self, x: np.ndarray, mode: int, quant: np.ndarray, operands: tuple, size: int = 0) -> np.ndarray:
+        """The node's output for input x (``mode``: how it is centered, with ``quant``), m, c, s, b = operands.
+        ``size``: `team.size()`'s answer when the caller asked it in this call (0: asked here)."""
+        n, c = x.shape[0], self.c
         out_shape, tables = self.locate(x.shape[1:])
         y = np.empty((n, c) + out_shape, np.float32)
         if y.size == 0:
             return y
         threads = intra_op_threads()
-        size = team.size() if threads > 1 else 1  # asking claims the run's threads for the team
+        size = (size or team.size()) if threads > 1 else 1  # asking claims the run's threads for the team
         native, rows = size > 1, len(tables) == len(GEO)  # (the blocks: their tables, eight)
         key = (n, size if native else threads, native) + x.shape[1:]
         if key not in self.cuts:
@@ -435,21 +436,23 @@ def scaled_run(ctx: Any, conv: Any, dynamic_input: int) -> Any:
     def run(x, w=None, x_zero_point=None, w_zero_point=None, scale=None, s=None, a=None):
         if dynamic is None:
             return conv(x, EIGHT, fixed, (one, EMPTY, *affine))
-        x, mode, quant, m = dynamic_operands(dynamic, x, weight_scale)
-        return conv(x, mode, quant, (m, EMPTY, *affine))
+        size = team.size() if x.size >= TEAM_RANGE else 0  # where the range asks: once for it and the conv
+        x, mode, quant, m = dynamic_operands(dynamic, x, weight_scale, size)
+        return conv(x, mode, quant, (m, EMPTY, *affine), size=size)
 
     return spmd(run)
 
 
-def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
+def dynamic_operands(dynamic: Any, x: np.ndarray, weight_scale: np.float32, size: int = 0
+                     ) -> tuple[np.ndarray, int, np.ndarray, np.ndarray]:
     """ScaledConvInteger's ``dynamic_input`` as minfer-ops-conv makes it: (the conv's x, how to center it, its
     `_center` parameters, the sums' factor x_scale * weight_scale): DynamicQuantizeLinear's scale and zero point
     as the registered kernel makes them of [min, max] (``dynamic``: (the kernel, `qconv._range_params`)), x then
     quantized on the way in; an x holding NaN or an infinity goes through the kernel itself (its 8-bit output, less
-    its zero point)."""
+    its zero point). ``size``: `team.size()`'s answer when the caller asked it (0: asked where the range pays)."""
     kernel, range_params = dynamic
     if range_params is scale_and_zero_point and x.size:  # the range and its grid in one compiled call
-        found = dynamic_grid(x, weight_scale)
+        found = dynamic_grid(x, weight_scale, size)
         if found is not None:
             return (x, QUANTIZE) + found
     mn, mx = value_range(x) if x.size else (np.float32(np.nan),) * 2  # one pass (dynamic_quant.py)

@@ -18,10 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import kernel, scratch
+from minfer_core import kernel, parallel_for, scratch
 
 from . import dynamic_quant, igemm
 from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from .dynamic_quant import _grid_of, _quantize as _quantize_dynamic, range_part  # noqa: F401 (compiled code calls them)
 
 MINFER = "ai.minfer"
 EIGHT_BIT = (np.dtype(np.int8), np.dtype(np.uint8))
@@ -97,6 +98,46 @@ def _quantized(x: np.ndarray) -> tuple[np.ndarray, Any, np.float32]:
     return q, zp, np.float32(scale)
 
 
+@jit
+def _scaled_columns(q, b, za, zb, row, y, factor, bias, j0, j1):  # pragma: no cover - compiled
+    """y[:, j0:j1] = float32 of the exact (q - za) @ (b - zb) (`_row_sums`), times ``factor`` (one float32), + bias
+    (one a column, when it has elements): igemm's write-out of a ScaledMatMulInteger in its float32 operations (Cast,
+    Mul, Add)."""
+    has_bias = bias.size > 0
+    for i in range(q.shape[0]):
+        _row_sums(q, i, b, za, zb, row, j0, j1)
+        for j in range(j0, j1):
+            v = np.float32(row[uintp(j)]) * factor
+            if has_bias:
+                v = v + bias[uintp(j)]
+            y[uintp(i), uintp(j)] = v
+
+
+@jit
+def _dynamic_rows(flat, parts, weight_scale, quant, m, q):  # pragma: no cover - compiled
+    """x's range (flat: q's rows of K values), its grid (dynamic_quant.py's `_grid_of`: quant, and m = x's scale *
+    ``weight_scale``), then q = x quantized on it as DynamicQuantizeLinear (`_quantize`): whether the range is
+    finite (q not written otherwise)."""
+    range_part(flat, parts, 0)
+    if not _grid_of(parts, weight_scale, quant, m):
+        return False
+    _quantize_dynamic(flat, q.reshape(-1), quant[0], -quant[1])
+    return True
+
+
+@jit
+def _dynamic_few(flat, parts, weight_scale, quant, m, q, b, zb, row, y, bias):  # pragma: no cover - compiled
+    """A dynamic ScaledMatMulInteger of few rows in one call: `_dynamic_rows`, then `_scaled_columns` with factor m.
+    Whether x's range is finite (nothing written otherwise)."""
+    if not _dynamic_rows(flat, parts, weight_scale, quant, m, q):
+        return False
+    _scaled_columns(q, b, np.int64(-quant[1]), zb, row, y, m[0], bias, 0, b.shape[1])
+    return True
+
+
+EMPTY = readonly(np.zeros(0, np.float32))
+
+
 @kernel("ScaledMatMulInteger", domain=MINFER, since=1, priority=PRIORITY, prepare=True, out=True, views=False,
         packed=(1, 3), applies=lambda ctx, attrs: _fits(ctx, 0, 1, 3, (np.dtype(np.float32),) if attrs.get(
             "dynamic_input") else EIGHT_BIT))
@@ -107,13 +148,20 @@ def scaled_matmul_integer(ctx, *, dynamic_input=0):
     packed, held_zp = igemm.pack_b(b), _zero_point(ctx, 3, b.shape[1])[1]
     k, n = b.shape
     _compiled(np.float32)
+    few = None
     if dynamic_input:  # the range, its grid and the quantizing: compiled (or loaded) at build, not in a timed run
         dynamic_quant.warm_range()
         dynamic_quant._quantize(readonly(np.zeros(1, np.float32)), np.zeros(1, np.uint8), ONE, np.float32(0))
+        if k * 255 * 255 < INT32:  # `_row_sums`' int32 row holds every partial sum
+            few = FewRows(b, held_zp)
     del ctx, b  # packed=(1, 3): the closure must not keep the originals alive
 
     def run(a, b=None, a_zero_point=None, b_zero_point=None, scale=None, bias=None, *, out=None):
         factor = np.float32(np.asarray(scale).reshape(-1)[0])
+        if few is not None and b_zero_point is None and a.shape[-1:] == (k,) and 0 < a.size < FEW_ROWS * k:
+            y = few(a, factor, bias, out)
+            if y is not None:
+                return y
         if dynamic_input:
             a, a_zero_point, x_scale = _quantized(a)
             factor = np.multiply(x_scale, factor)  # the Mul of its scale by the weight's, in float32
@@ -230,6 +278,49 @@ def _requantized(acc: np.ndarray, a: np.ndarray, a_scale: Any, b_scale: Any, y_s
     return out
 
 
+class FewRows:
+    """A dynamic ScaledMatMulInteger of fewer than FEW_ROWS rows (a classifier at batch 1) in one compiled call,
+    `_dynamic_few`, on the weight as it is held: igemm packs the weight's panels at every call (MobileNetV2's
+    1280x1000 classifier: 270 us in a run, 107 of them Python; 117 so). The same exact sums and float32 operations as
+    igemm's write-out: the same bits. On the calling thread: its columns over a native team of two took 199 us in the
+    run (the team's second thread shares its core with another tenant here; alone 33 us a half against 50 whole)."""
+
+    def __init__(self, b: np.ndarray, zero_point: Any) -> None:
+        self.b = readonly(np.ascontiguousarray(b))
+        self.zb = readonly(np.zeros(1, np.int64) if zero_point is None else np.asarray(zero_point, np.int64).reshape(-1))
+        k, n = b.shape
+        dynamic_quant._install()  # `minmax`, before `range_part` compiles
+        flat, y = readonly(np.zeros(k, np.float32)), np.zeros((1, n), np.float32)
+        args = (np.zeros((1, 2), np.float32), ONE, np.empty(4, np.float32), np.empty(1, np.float32),
+                np.zeros((1, k), np.uint8), self.b, self.zb, np.zeros(n, np.int32), y)
+        for bias in (EMPTY, readonly(np.zeros(n, np.float32))):  # compiled (or loaded) at build
+            _dynamic_few(flat, *args, bias)
+
+    def __call__(self, a: np.ndarray, factor: np.float32, bias: np.ndarray | None, out: np.ndarray | None
+                 ) -> np.ndarray | None:
+        """ScaledMatMulInteger's output for a float32 a of at least one value, or None where a's range is not finite
+        or the bias is not one a column (igemm's path then)."""
+        k, n = self.b.shape
+        if bias is not None and not (bias.dtype == np.float32 and bias.shape[-1:] == (n,) and bias.size == n):
+            return None
+        y = _target(out, a.shape[:-1] + (n,), np.float32)
+        rows = a.size // k
+        flat = readonly(np.ascontiguousarray(a)).reshape(-1)
+        q = scratch("minfer_ops_numba-qmm-q", (rows, k), np.uint8)
+        row = scratch("minfer_ops_numba-qmm-row", (n,), np.int32)
+        args = (flat, np.empty((1, 2), np.float32), factor, np.empty(4, np.float32), np.empty(1, np.float32), q,
+                self.b, self.zb, row, y.reshape(rows, n),
+                EMPTY if bias is None else readonly(np.ascontiguousarray(bias).reshape(-1)))
+        done = [False]
+
+        def whole(lo: int, hi: int) -> None:
+            done[0] = _dynamic_few(*args)
+
+        parallel_for(1, whole, parts=1, outputs_only=True)  # one range: a process team's ranks write y only here
+        return _into(y, out) if done[0] else None
+
+
+
 # ---- com.microsoft QGemm (QOperator models' Gemm layers: a classifier's 1280x1000 or 2048x1000 weight) ------------
 
 MS = "com.microsoft"
@@ -239,25 +330,34 @@ FEW_ROWS = 4  # from here igemm (its panels of B packed at each call: ~0.2 ms fo
 
 @jit
 def _few_rows(a, b, za, zb, acc, row):  # pragma: no cover - compiled
-    """acc = (a - za) @ (b - zb) exactly for a few rows of an 8-bit a (M, K) and b (K, N), zb one value or one a
-    column: rows of b scaled by a's centered values and summed in ``row`` (N,) (a loop over b as it lies, which
-    vectorizes; int32 where K * 255 * 255 fits it, else int64), then each column's zero point times the row's sum
-    taken away. For a classifier at batch 1, where packing B's panels costs more than the product."""
+    """acc = (a - za) @ (b - zb) exactly for a few rows of an 8-bit a (M, K) and b (K, N) (`_row_sums`). For a
+    classifier at batch 1, where packing B's panels costs more than the product."""
     n = b.shape[1]
+    for i in range(a.shape[0]):
+        _row_sums(a, i, b, za, zb, row, 0, n)
+        for j in range(n):
+            acc[uintp(i), uintp(j)] = row[uintp(j)]
+
+
+@jit
+def _row_sums(a, i, b, za, zb, row, j0, j1):  # pragma: no cover - compiled
+    """row[j0:j1] = (a[i] - za) @ (b - zb) exactly for columns j0..j1 of an 8-bit a (M, K) and b (K, N), zb one
+    value or one a column: rows of b scaled by a's centered values and summed in ``row`` (a loop over b as it lies,
+    which vectorizes; int32 where K * 255 * 255 fits it, else int64), then each column's zero point times the row's
+    sum taken away (the result fits int32: the callers' bound)."""
     per_column = zb.size > 1
     kind = row.dtype.type
-    for i in range(a.shape[0]):
-        row[:] = 0
-        total = 0
-        for kk in range(a.shape[1]):
-            av = kind(np.int64(a[uintp(i), uintp(kk)]) - za)
-            total += np.int64(av)
-            if av != 0:
-                for j in range(n):
-                    row[uintp(j)] += av * kind(b[uintp(kk), uintp(j)])
-        for j in range(n):
-            column = j if per_column else 0
-            acc[uintp(i), uintp(j)] = row[uintp(j)] - total * zb[uintp(column)]
+    row[j0:j1] = 0
+    total = 0
+    for kk in range(a.shape[1]):
+        av = kind(np.int64(a[uintp(i), uintp(kk)]) - za)
+        total += np.int64(av)
+        if av != 0:
+            for j in range(j0, j1):
+                row[uintp(j)] += av * kind(b[uintp(kk), uintp(j)])
+    for j in range(j0, j1):
+        column = j if per_column else 0
+        row[uintp(j)] = kind(np.int64(row[uintp(j)]) - total * zb[uintp(column)])
 
 
 def _qgemm_weight(ctx: Any, trans_b: int) -> np.ndarray | None:
