@@ -266,6 +266,20 @@ def readonly(a: np.ndarray) -> np.ndarray:
     return v
 
 
+def target(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """Where a kernel declared ``out=True`` writes: the planned buffer when C-contiguous, else a fresh array."""
+    return out if out is not None and out.flags.c_contiguous else np.empty(shape, dtype)
+
+
+def delivered(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """``y`` (from `target`) in the planned buffer when there is one (y was written elsewhere when out was not
+    C-contiguous)."""
+    if out is None or out is y:
+        return y
+    np.copyto(out, y)
+    return out
+
+
 _ROW_ITEMS = {8: np.dtype(np.int64), 16: np.dtype(np.complex128)}  # copied as they are: same bits, NaNs kept
 
 

@@ -17,7 +17,7 @@ import numpy as np
 from minfer_core import kernel
 
 from . import team
-from ._jit import F32, PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type)
+from ._jit import F32, PRIORITY, delivered, input_type, jit, readonly, target, uintp  # noqa: F401 (uintp: numba's)
 from .team import prange  # noqa: F401 (rebound to numba's at compile)
 
 TEAM_SPLIT = 1 << 16  # elements from which a native team shares the pass (~10 us of one thread's work)
@@ -58,7 +58,7 @@ def _prepare(ctx: Any) -> Any:
     def run(a, b, *, out=None):
         if a.shape != b.shape:
             raise ValueError(f"Add: the inputs' shapes {list(a.shape)} and {list(b.shape)} differ from the model's")
-        y = out if out is not None and out.flags.c_contiguous else np.empty(a.shape, F32)
+        y = target(out, a.shape, F32)
         x1, x2 = readonly(np.ascontiguousarray(a)).reshape(-1), readonly(np.ascontiguousarray(b)).reshape(-1)
         flat = y.reshape(-1)
         # the team is asked only where the pass splits over it: asking claims the run's threads (team.py)
@@ -67,10 +67,7 @@ def _prepare(ctx: Any) -> Any:
             _add_team(x1, x2, flat, size)
         elif flat.size:
             _add(x1, x2, flat, 0, flat.size)
-        if out is not None and y is not out:
-            np.copyto(out, y)
-            return out
-        return y
+        return delivered(y, out)
 
     return run
 

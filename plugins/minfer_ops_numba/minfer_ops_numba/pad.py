@@ -21,7 +21,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from ._jit import F32, PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (uintp: rebound to numba's type)
+from ._jit import F32, PRIORITY, delivered, input_type, jit, readonly, target, uintp  # noqa: F401 (uintp: numba's)
 
 MODES = ("constant", "reflect", "edge", "wrap")
 
@@ -86,7 +86,8 @@ def _maps(shape: tuple[int, ...], widths: list[tuple[int, int]], mode: str) -> t
 def _widths(rank: int, pads: np.ndarray, axes: np.ndarray | None) -> list[tuple[int, int]] | None:
     """Each axis's (begin, end) pad from Pad's pads over its axes (all when None), None where they do not fit."""
     pads = [int(p) for p in np.asarray(pads).reshape(-1)]
-    axes = list(range(rank)) if axes is None else [int(a) + rank if a < 0 else int(a) for a in np.asarray(axes).reshape(-1)]
+    given = None if axes is None else [int(a) for a in np.asarray(axes).reshape(-1)]
+    axes = list(range(rank)) if given is None else [a + rank if a < 0 else a for a in given]
     if len(pads) != 2 * len(axes) or any(not 0 <= a < rank for a in axes) or len(set(axes)) != len(axes):
         return None
     widths = [(0, 0)] * rank
@@ -135,14 +136,11 @@ def _prepare(ctx: Any, mode: Any) -> Any:
             plan = plans[data.shape] = (out_shape, np.asarray(out_shape, np.int64), readonly(strides.copy()), maps,
                                         begin, inner)
         out_shape, shape, strides, maps, begin, inner = plan
-        y = out if out is not None and out.flags.c_contiguous else np.empty(out_shape, F32)
+        y = target(out, out_shape, F32)
         if y.size:
             x = readonly(np.ascontiguousarray(data)).reshape(-1)
             _gather(x, y.reshape(-1), shape, strides, maps, value, begin, inner)
-        if out is not None and y is not out:
-            np.copyto(out, y)
-            return out
-        return y
+        return delivered(y, out)
 
     return run
 

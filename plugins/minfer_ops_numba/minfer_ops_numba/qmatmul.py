@@ -21,7 +21,7 @@ import numpy as np
 from minfer_core import kernel, parallel_for, scratch
 
 from . import dynamic_quant, igemm
-from ._jit import PRIORITY, input_type, jit, readonly, uintp  # noqa: F401 (see _jit.uintp)
+from ._jit import PRIORITY, delivered, input_type, jit, readonly, target, uintp  # noqa: F401 (see _jit.uintp)
 from .dynamic_quant import _grid_of, _quantize as _quantize_dynamic, range_part  # noqa: F401 (compiled code calls them)
 
 MINFER = "ai.minfer"
@@ -69,19 +69,6 @@ def _row_zero_point(zp: Any, a: np.ndarray) -> Any:
 def _compiled(out_dtype: Any) -> None:
     """Compile (or load from numba's cache) the kernel for this out dtype now, at build, not in a timed run."""
     igemm.warm(out_dtype)
-
-
-def _into(y: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """``y`` in the planned buffer when there is one (y was written elsewhere when out was not C-contiguous)."""
-    if out is None or out is y:
-        return y
-    np.copyto(out, y)
-    return out
-
-
-def _target(out: np.ndarray | None, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
-    """The planned buffer when C-contiguous, else a fresh array."""
-    return out if out is not None and out.flags.c_contiguous else np.empty(shape, dtype)
 
 
 def _quantized(x: np.ndarray) -> tuple[np.ndarray, Any, np.float32]:
@@ -166,13 +153,13 @@ def scaled_matmul_integer(ctx, *, dynamic_input=0):
             a, a_zero_point, x_scale = _quantized(a)
             factor = np.multiply(x_scale, factor)  # the Mul of its scale by the weight's, in float32
         zb = held_zp if b_zero_point is None else b_zero_point
-        y = _target(out, a.shape[:-1] + (n,), np.float32)
+        y = target(out, a.shape[:-1] + (n,), np.float32)
         column = bias is not None and bias.dtype == np.float32 and bias.shape[-1:] == (n,) and bias.size == n <= y.size
         igemm.igemm(_rows(a, k), packed, y.reshape(-1, n), _row_zero_point(a_zero_point, a), 0 if zb is None else zb,
                     factor, bias if column else None)
         if bias is not None and not column:
             np.add(y, bias, out=y)  # Add's float32 sum, broadcast as the graph's
-        return _into(y, out)
+        return delivered(y, out)
 
     return run
 
@@ -189,9 +176,9 @@ def matmul_integer(ctx):
 
     def run(a, b=None, a_zero_point=None, b_zero_point=None, *, out=None):
         zb = held_zp if b_zero_point is None else b_zero_point
-        y = _target(out, a.shape[:-1] + (n,), np.int32)
+        y = target(out, a.shape[:-1] + (n,), np.int32)
         igemm.igemm(_rows(a, k), packed, y.reshape(-1, n), _row_zero_point(a_zero_point, a), 0 if zb is None else zb)
-        return _into(y, out)
+        return delivered(y, out)
 
     return run
 
@@ -220,7 +207,7 @@ def qlinear_matmul(ctx):
 
     def run(a, a_scale, a_zero_point, b, b_scale, b_zero_point, y_scale, y_zero_point, *, out=None):
         zb = held_zp if b_zero_point is None else b_zero_point
-        target = a.dtype if y_zero_point is None else y_zero_point.dtype
+        y_dtype = a.dtype if y_zero_point is None else y_zero_point.dtype
         sa = np.asarray(a_scale, dtype=np.float64)
         factor = sa.reshape(-1, 1) if sa.ndim == 1 else sa
         factor = factor * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64)
@@ -230,11 +217,11 @@ def qlinear_matmul(ctx):
         # one factor per column and one y zero point: requantized as written out, else through an int32 product
         direct = (sa.size == 1 and (factor.size == 1 or factor.size == factor.shape[-1] == n)
                   and factor.ndim <= len(shape) and (y_zero_point is None or y_zero_point.size == 1))
-        y = _target(out, shape, target) if direct else scratch("minfer_ops_numba-qmm-acc", shape, np.int32)
+        y = target(out, shape, y_dtype) if direct else scratch("minfer_ops_numba-qmm-acc", shape, np.int32)
         how = (factor, y_zero_point) if direct else None
         rows, weight, part, za = _matrices(a, matrix, y, a_zero_point)
         igemm.igemm(rows, weight, part, za, 0 if zb is None else zb, requantize=how)
-        return _into(y, out) if direct else _requantized(y, a, a_scale, b_scale, y_scale, y_zero_point, out)
+        return delivered(y, out) if direct else _requantized(y, a, a_scale, b_scale, y_scale, y_zero_point, out)
 
     return run
 
@@ -266,14 +253,14 @@ def _requantized(acc: np.ndarray, a: np.ndarray, a_scale: Any, b_scale: Any, y_s
     factor = sa * np.asarray(b_scale, dtype=np.float64) / np.asarray(y_scale, dtype=np.float64)
     shape = np.broadcast_shapes(acc.shape, factor.shape)
     y = np.multiply(acc, factor, out=scratch("minfer_ops_numba-qmm-y", shape, np.float64), dtype=np.float64)
-    target = a.dtype if y_zero_point is None else y_zero_point.dtype
+    y_dtype = a.dtype if y_zero_point is None else y_zero_point.dtype
     if y_zero_point is not None:
         y += y_zero_point.astype(np.float64)
-    info = np.iinfo(target)
+    info = np.iinfo(y_dtype)
     np.rint(y, out=y)
     np.clip(y, info.min, info.max, out=y)
     if out is None or out.shape != y.shape:
-        return y.astype(target)
+        return y.astype(y_dtype)
     np.copyto(out, y, casting="unsafe")  # integers in range: exact
     return out
 
@@ -287,7 +274,8 @@ class FewRows:
 
     def __init__(self, b: np.ndarray, zero_point: Any) -> None:
         self.b = readonly(np.ascontiguousarray(b))
-        self.zb = readonly(np.zeros(1, np.int64) if zero_point is None else np.asarray(zero_point, np.int64).reshape(-1))
+        zb = np.zeros(1, np.int64) if zero_point is None else np.asarray(zero_point, np.int64).reshape(-1)
+        self.zb = readonly(zb)
         k, n = b.shape
         dynamic_quant._install()  # `minmax`, before `range_part` compiles
         flat, y = readonly(np.zeros(k, np.float32)), np.zeros((1, n), np.float32)
@@ -303,7 +291,7 @@ class FewRows:
         k, n = self.b.shape
         if bias is not None and not (bias.dtype == np.float32 and bias.shape[-1:] == (n,) and bias.size == n):
             return None
-        y = _target(out, a.shape[:-1] + (n,), np.float32)
+        y = target(out, a.shape[:-1] + (n,), np.float32)
         rows = a.size // k
         flat = readonly(np.ascontiguousarray(a)).reshape(-1)
         q = scratch("minfer_ops_numba-qmm-q", (rows, k), np.uint8)
@@ -317,7 +305,7 @@ class FewRows:
             done[0] = _dynamic_few(*args)
 
         parallel_for(1, whole, parts=1, outputs_only=True)  # one range: a process team's ranks write y only here
-        return _into(y, out) if done[0] else None
+        return delivered(y, out) if done[0] else None
 
 
 
@@ -431,11 +419,11 @@ def qgemm(ctx, *, alpha=1.0, transA=0, transB=0):
         if y_scale is None:
             return v.astype(np.float32) * f
         w = v.astype(np.float32) * f
-        target = a.dtype if y_zero_point is None else np.asarray(y_zero_point).dtype
-        info = np.iinfo(target)
+        y_dtype = a.dtype if y_zero_point is None else np.asarray(y_zero_point).dtype
+        info = np.iinfo(y_dtype)
         np.rint(w, out=w)
         w += np.float32(0) if y_zero_point is None else np.float32(np.asarray(y_zero_point).reshape(-1)[0])
         np.clip(w, info.min, info.max, out=w)
-        return w.astype(target)
+        return w.astype(y_dtype)
 
     return run

@@ -19,7 +19,7 @@ import numpy as np
 
 from minfer_core import kernel
 
-from ._jit import F32, PRIORITY, input_type, readonly
+from ._jit import F32, PRIORITY, delivered, input_type, readonly, target
 from .squeeze import _pool  # compiled: each row's mean
 
 
@@ -48,15 +48,12 @@ def _means(rank: int, count: int, keep: bool) -> Any:
             rows, cols = int(np.prod(lead, dtype=np.int64)), int(np.prod(x.shape[rank - count:], dtype=np.int64))
             plan = shapes[x.shape] = (lead + (1,) * count if keep else lead, rows, cols)
         shape, rows, cols = plan
-        y = out if out is not None and out.flags.c_contiguous and out.shape == shape else np.empty(shape, F32)
+        y = target(out if out is None or out.shape == shape else None, shape, F32)
         if not cols:  # numpy's mean of nothing: NaN (its warning aside)
             y[...] = np.nan
         elif rows:
             _pool(readonly(np.ascontiguousarray(x)).reshape(rows, cols), y.reshape(-1), 0, rows)
-        if out is not None and y is not out:
-            np.copyto(out, y)
-            return out
-        return y
+        return delivered(y, out)
 
     return run
 
