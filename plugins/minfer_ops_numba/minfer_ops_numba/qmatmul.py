@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from minfer_core import kernel, parallel_for, scratch
+from minfer_core import kernel, scratch
 
 from . import dynamic_quant, igemm
 from ._jit import PRIORITY, delivered, input_type, jit, readonly, target, uintp  # noqa: F401 (see _jit.uintp)
@@ -296,17 +296,10 @@ class FewRows:
         flat = readonly(np.ascontiguousarray(a)).reshape(-1)
         q = scratch("minfer_ops_numba-qmm-q", (rows, k), np.uint8)
         row = scratch("minfer_ops_numba-qmm-row", (n,), np.int32)
-        args = (flat, np.empty((1, 2), np.float32), factor, np.empty(4, np.float32), np.empty(1, np.float32), q,
-                self.b, self.zb, row, y.reshape(rows, n),
-                EMPTY if bias is None else readonly(np.ascontiguousarray(bias).reshape(-1)))
-        done = [False]
-
-        def whole(lo: int, hi: int) -> None:
-            done[0] = _dynamic_few(*args)
-
-        parallel_for(1, whole, parts=1, outputs_only=True)  # one range: a process team's ranks write y only here
-        return delivered(y, out) if done[0] else None
-
+        done = _dynamic_few(flat, np.empty((1, 2), np.float32), factor, np.empty(4, np.float32),
+                            np.empty(1, np.float32), q, self.b, self.zb, row, y.reshape(rows, n),
+                            EMPTY if bias is None else readonly(np.ascontiguousarray(bias).reshape(-1)))
+        return delivered(y, out) if done else None  # (the kernel is not spmd: a process team runs it in one process)
 
 
 # ---- com.microsoft QGemm (QOperator models' Gemm layers: a classifier's 1280x1000 or 2048x1000 weight) ------------
