@@ -1,36 +1,12 @@
 """Per-step A/B of igemm.Fixed (on) against igemm's own call (off): the same engine switched between alternate runs.
 
 ``python bench/results/session34/ab_fixed.py FORMAT RUNS [MODEL]`` from the checkout: each step whose median moved by
-more than 3 us, the sums of the step medians, and the unpatched runs' medians, off and on.
+more than 3 us, the sums of the step medians, and the unpatched runs' medians, off and on. Session 35's ab.py with
+``Fixed.team_applies`` switched between a refusal and itself.
 """
-import statistics, sys, tempfile, time
+import runpy, sys
 from pathlib import Path
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
-import minfer_core.sequential as seq
-from minfer_core import Engine
-from bench import models as bench_models
-from bench.quantized import quantize
-from minfer_parallel.loops import execute_timed
-import minfer_ops_numba.igemm as ig
-fmt = sys.argv[1]; runs = int(sys.argv[2]); name = sys.argv[3] if len(sys.argv) > 3 else "mobilenet_v2"
-model = bench_models.build(name, 1); model.ir_version = bench_models.ORT_IR_VERSION
-feeds = bench_models.random_feeds(model)
-eng = Engine(quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt))
-orig_applies = ig.Fixed.team_applies
-def set_on(on): ig.Fixed.team_applies = orig_applies if on else (lambda self, n, t: False)
-for _ in range(5): eng.run(None, feeds)
-set_on(False); ref = eng.run(None, feeds)[0]; set_on(True); got = eng.run(None, feeds)[0]
-print("same bits", ref.tobytes() == got.tobytes())
-REC = {True: [], False: []}; WALL = {True: [], False: []}
-orig = seq.execute
-for r in range(runs):
-    on = r % 2 == 0; set_on(on)
-    seq.execute = lambda vals, steps: REC[on].append(execute_timed(vals, steps)); eng.run(None, feeds); seq.execute = orig
-    t0 = time.perf_counter(); eng.run(None, feeds); WALL[on].append(time.perf_counter() - t0)
-nodes = eng.executor.program.step_nodes
-med = {k: [statistics.median(c) * 1e6 for c in zip(*v)] for k, v in REC.items()}
-for i, n in enumerate(nodes):
-    d = med[True][i] - med[False][i]
-    if abs(d) > 3: print(i, n.op_type, n.outputs[0][:25], f"off {med[False][i]:.1f} on {med[True][i]:.1f} diff {d:+.1f}")
-print(f"sum of step medians off {sum(med[False]):.0f} on {sum(med[True]):.0f} us")
-print(f"wall median off {statistics.median(WALL[False]) * 1e3:.3f} on {statistics.median(WALL[True]) * 1e3:.3f} ms")
+fmt, runs = sys.argv[1], sys.argv[2]; name = sys.argv[3] if len(sys.argv) > 3 else "mobilenet_v2"
+sys.argv = [sys.argv[0], fmt, runs, name, "minfer_ops_numba.igemm", "Fixed.team_applies", "lambda self, n, t: False",
+            "Fixed.team_applies"]
+runpy.run_path(str(Path(__file__).resolve().parents[1] / "session35" / "ab.py"), run_name="__main__")

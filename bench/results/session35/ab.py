@@ -1,7 +1,8 @@
 """Per-step A/B of a module attribute's two values: the same engine switched between alternate runs.
 
 ``python bench/results/session35/ab.py FORMAT RUNS MODEL MODULE ATTR OFF ON`` from the checkout (FORMAT float, qdq,
-qdq_pc, qoperator or dynamic; OFF and ON Python expressions evaluated in MODULE's namespace): whether both give the
+qdq_pc, qoperator or dynamic; ATTR may be dotted, Class.attribute; OFF and ON Python expressions evaluated in
+MODULE's namespace before either is set): whether both give the
 same output bits, each step whose median moved by more than 3 us, the sums of the step medians and the unpatched
 runs' medians. E.g. ``... dynamic 300 mobilenet_v2 minfer_ops_numba.qmatmul FEW_ROWS 0 4`` (the dynamic classifier
 on igemm, then on `FewRows`). Session 34's ab_fixed.py, for any attribute.
@@ -20,7 +21,9 @@ vals = {False: eval(sys.argv[6], vars(mod)), True: eval(sys.argv[7], vars(mod))}
 model = bench_models.build(name, 1); model.ir_version = bench_models.ORT_IR_VERSION
 feeds = bench_models.random_feeds(model)
 eng = Engine(quantize(model, fmt, feeds, Path(tempfile.mkdtemp()) / fmt)) if fmt != "float" else Engine(model)
-def set_on(on): setattr(mod, attr, vals[on])
+owner = mod  # ATTR may be dotted (Class.attribute): set on the class
+for part in attr.split(".")[:-1]: owner = getattr(owner, part)
+def set_on(on): setattr(owner, attr.split(".")[-1], vals[on])
 for _ in range(5): eng.run(None, feeds)
 set_on(False); ref = eng.run(None, feeds)[0]; set_on(True); got = eng.run(None, feeds)[0]
 print("same bits", ref.tobytes() == got.tobytes())
